@@ -1,0 +1,3 @@
+from app.cli import app
+
+app(prog_name="eventgate")

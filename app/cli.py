@@ -1,0 +1,104 @@
+"""``eventgate`` command line: serve, api, worker, migrate, check-config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+import typer
+import uvicorn
+
+from app.config import ConfigError, GatewayConfig, load_config
+from app.settings import Settings
+
+app = typer.Typer(
+    help="eventgate: verified webhooks → Claude tool calls → SNS FIFO.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+ConfigOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        "-c",
+        envvar="EVENTGATE_CONFIG",
+        help="YAML config file (default: built-in example config).",
+    ),
+]
+HostOpt = Annotated[str, typer.Option("--host", envvar="EVENTGATE_HOST")]
+PortOpt = Annotated[int, typer.Option("--port", envvar="EVENTGATE_PORT")]
+
+
+def _load(config: Path | None) -> tuple[Settings, GatewayConfig]:
+    settings = Settings(config=config)
+    try:
+        return settings, load_config(settings.config)
+    except ConfigError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2) from None
+
+
+def _serve(
+    role: Literal["serve", "api", "worker"], config: Path | None, host: str, port: int
+) -> None:
+    from app.main import create_app
+
+    settings, gateway_config = _load(config)
+    application = create_app(settings, gateway_config, role=role)
+    uvicorn.run(
+        application,
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=int(settings.shutdown_grace_seconds),
+    )
+
+
+@app.command()
+def serve(config: ConfigOpt = None, host: HostOpt = "127.0.0.1", port: PortOpt = 8080) -> None:
+    """API, worker and publisher in one process."""
+    _serve("serve", config, host, port)
+
+
+@app.command()
+def api(config: ConfigOpt = None, host: HostOpt = "127.0.0.1", port: PortOpt = 8080) -> None:
+    """Ingest and admin endpoints only (no worker)."""
+    _serve("api", config, host, port)
+
+
+@app.command()
+def worker(config: ConfigOpt = None, host: HostOpt = "127.0.0.1", port: PortOpt = 8081) -> None:
+    """Queue consumer, Claude calls and SNS publisher (plus /healthz, /readyz, /metrics)."""
+    _serve("worker", config, host, port)
+
+
+@app.command()
+def migrate() -> None:
+    """Apply database migrations (EVENTGATE_DATABASE_URL) and exit."""
+    from app.store.migrate import upgrade_head
+
+    upgrade_head(Settings().database_url)
+    typer.echo("database is at the latest migration")
+
+
+@app.command("check-config")
+def check_config(config: ConfigOpt = None) -> None:
+    """Validate the config and print its sources, pipelines and tools."""
+    _, parsed = _load(config)
+    typer.echo(f"config: {config or 'built-in example'}")
+    typer.echo("sources:")
+    for name, source in parsed.sources.items():
+        extra = f", group_key: {source.group_key}" if source.group_key else ""
+        typer.echo(
+            f"  {name}: type {source.type} → pipeline {source.pipeline}{extra}"
+            f" (POST /v1/webhooks/{name})"
+        )
+    typer.echo("pipelines:")
+    for name, pipeline in parsed.pipelines.items():
+        fallback = f", fallback {pipeline.fallback_model}" if pipeline.fallback_model else ""
+        typer.echo(f"  {name}: model {pipeline.model}{fallback}; tools {', '.join(pipeline.tools)}")
+    typer.echo("tools:")
+    for name, tool in parsed.tools.items():
+        typer.echo(f"  {name}: topic {tool.topic_arn or '(none: calls stay in the outbox)'}")

@@ -1,0 +1,192 @@
+"""The YAML config file: sources, pipelines and tools.
+
+``${VAR}`` and ``${VAR:-default}`` are interpolated from the environment in string values
+before validation. Every error names the key it is about (``sources.github.secret: ...``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+SourceType = Literal["github", "alertmanager", "standard-webhooks"]
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+_TOPIC_ARN = re.compile(r"^arn:aws[a-z-]*:sns:[a-z0-9-]+:\d{12}:[A-Za-z0-9_-]{1,251}\.fifo$")
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+class ConfigError(Exception):
+    """The config file cannot be used; ``errors`` lists one message per bad key."""
+
+    def __init__(self, errors: list[str]) -> None:
+        super().__init__("invalid config:\n" + "\n".join(f"  - {e}" for e in errors))
+        self.errors = errors
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SourceConfig(_Strict):
+    type: SourceType
+    pipeline: str
+    secret: SecretStr | None = None
+    token: SecretStr | None = None
+    # Dotted path into the payload; overrides the type's own group-key rule.
+    group_key: str | None = None
+    max_body_bytes: int | None = Field(default=None, ge=1)
+    dedup_window_seconds: int | None = Field(default=None, ge=1)
+    tolerance_seconds: int = Field(default=300, ge=1)
+
+    @model_validator(mode="after")
+    def _credentials(self) -> SourceConfig:
+        if self.type in ("github", "standard-webhooks") and not _present(self.secret):
+            raise ValueError(f"a '{self.type}' source needs 'secret'")
+        if self.type == "alertmanager" and not _present(self.token):
+            raise ValueError("an 'alertmanager' source needs 'token'")
+        return self
+
+
+class PipelineConfig(_Strict):
+    model: str
+    fallback_model: str | None = None
+    system: str
+    tools: list[str] = Field(min_length=1)
+    max_tokens: int = Field(default=1024, ge=1)
+
+
+class ToolConfig(_Strict):
+    description: str
+    input_schema: dict[str, Any]
+    topic_arn: str | None = None
+
+    @field_validator("input_schema")
+    @classmethod
+    def _schema(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if value.get("type") != "object":
+            raise ValueError("input_schema must have type: object")
+        try:
+            Draft202012Validator.check_schema(value)
+        except SchemaError as exc:
+            raise ValueError(f"not a valid JSON schema: {exc.message}") from exc
+        return value
+
+    @field_validator("topic_arn")
+    @classmethod
+    def _arn(cls, value: str | None) -> str | None:
+        if not value:
+            return None
+        if not _TOPIC_ARN.match(value):
+            raise ValueError(f"{value!r} is not an SNS FIFO topic ARN (arn:aws:sns:...:name.fifo)")
+        return value
+
+
+class GatewayConfig(_Strict):
+    sources: dict[str, SourceConfig] = Field(min_length=1)
+    pipelines: dict[str, PipelineConfig] = Field(min_length=1)
+    tools: dict[str, ToolConfig] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _references(self) -> GatewayConfig:
+        errors: list[str] = []
+        for kind, names in (
+            ("sources", self.sources),
+            ("pipelines", self.pipelines),
+            ("tools", self.tools),
+        ):
+            errors += [
+                f"{kind}.{n}: name must match [A-Za-z0-9_-]{{1,64}}"
+                for n in names
+                if not _NAME.match(n)
+            ]
+        for name, source in self.sources.items():
+            if source.pipeline not in self.pipelines:
+                errors.append(f"sources.{name}.pipeline: unknown pipeline {source.pipeline!r}")
+        for name, pipeline in self.pipelines.items():
+            for tool in pipeline.tools:
+                if tool not in self.tools:
+                    errors.append(f"pipelines.{name}.tools: unknown tool {tool!r}")
+        if errors:
+            raise ValueError("; ".join(errors))
+        return self
+
+
+def _present(secret: SecretStr | None) -> bool:
+    return secret is not None and secret.get_secret_value() != ""
+
+
+def _interpolate(node: Any, path: str, env: dict[str, str], errors: list[str]) -> Any:
+    if isinstance(node, dict):
+        return {
+            k: _interpolate(v, f"{path}.{k}" if path else str(k), env, errors)
+            for k, v in node.items()
+        }
+    if isinstance(node, list):
+        return [_interpolate(v, f"{path}[{i}]", env, errors) for i, v in enumerate(node)]
+    if not isinstance(node, str):
+        return node
+
+    def substitute(match: re.Match[str]) -> str:
+        name, default = match.group(1), match.group(2)
+        if name in env:
+            return env[name]
+        if default is not None:
+            return default
+        errors.append(f"{path}: environment variable {name} is not set")
+        return ""
+
+    return _ENV_REF.sub(substitute, node)
+
+
+def parse_config(text: str, *, env: dict[str, str] | None = None) -> GatewayConfig:
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError([f"not valid YAML: {exc}"]) from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(["the config must be a mapping with sources, pipelines and tools"])
+    errors: list[str] = []
+    data = _interpolate(raw, "", dict(os.environ) if env is None else env, errors)
+    if errors:
+        raise ConfigError(errors)
+    try:
+        return GatewayConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError([_describe(e) for e in exc.errors()]) from None
+
+
+def _describe(error: Any) -> str:
+    loc = ".".join(str(p) for p in error["loc"] if not str(p).startswith("function-"))
+    msg = str(error["msg"]).removeprefix("Value error, ")
+    return f"{loc}: {msg}" if loc else msg
+
+
+def builtin_config_text() -> str:
+    return resources.files("app").joinpath("example_config.yaml").read_text()
+
+
+def load_config(path: Path | None, *, env: dict[str, str] | None = None) -> GatewayConfig:
+    """Load ``path``, or the built-in example config when ``path`` is None."""
+    if path is None:
+        return parse_config(builtin_config_text(), env=env)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError([f"cannot read {path}: {exc.strerror}"]) from exc
+    return parse_config(text, env=env)

@@ -1,0 +1,70 @@
+"""The one base error and its JSON rendering.
+
+    AppError(message, status_code)
+    ├── ingest.exceptions.*      (UnknownSource 404, InvalidSignature 401, PayloadTooLarge 413 ...)
+    ├── QueueUnavailable 503     (Redis down or queue full; carries Retry-After)
+    └── admin.exceptions.*       (Unauthorized 401, NotFound 404 ...)
+
+Every handler renders ``{"error": ClassName, "detail": message}``.
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+
+class AppError(Exception):
+    status_code: int = 500
+
+    def __init__(self, message: str, status_code: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if status_code is not None:
+            self.status_code = status_code
+
+    @property
+    def headers(self) -> dict[str, str] | None:
+        return None
+
+
+class QueueUnavailable(AppError):
+    status_code = 503
+
+    def __init__(self, message: str, retry_after: int = 5) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+    @property
+    def headers(self) -> dict[str, str] | None:
+        return {"Retry-After": str(self.retry_after)}
+
+
+def error_body(name: str, detail: str) -> dict[str, str]:
+    return {"error": name, "detail": detail}
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    async def app_error(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, AppError)
+        return JSONResponse(
+            error_body(type(exc).__name__, exc.message), exc.status_code, headers=exc.headers
+        )
+
+    async def http_error(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        name = {404: "NotFound", 405: "MethodNotAllowed"}.get(exc.status_code, "HTTPError")
+        return JSONResponse(error_body(name, str(exc.detail)), exc.status_code)
+
+    async def validation_error(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        detail = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+        )
+        return JSONResponse(error_body("ValidationError", detail), 422)
+
+    app.add_exception_handler(AppError, app_error)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(RequestValidationError, validation_error)

@@ -1,0 +1,38 @@
+"""Ingest errors, each a 4xx the sender can act on.
+
+AppError
+├── UnknownSource 404
+├── InvalidSignature 401      (missing or wrong signature / token)
+│   └── StaleTimestamp 401    (signed timestamp outside the tolerance)
+├── PayloadTooLarge 413
+├── UnsupportedMediaType 415
+└── InvalidPayload 400        (not JSON, or JSON the source type cannot read)
+"""
+
+from __future__ import annotations
+
+from app.errors import AppError
+
+
+class UnknownSource(AppError):
+    status_code = 404
+
+
+class InvalidSignature(AppError):
+    status_code = 401
+
+
+class StaleTimestamp(InvalidSignature):
+    pass
+
+
+class PayloadTooLarge(AppError):
+    status_code = 413
+
+
+class UnsupportedMediaType(AppError):
+    status_code = 415
+
+
+class InvalidPayload(AppError):
+    status_code = 400

@@ -1,0 +1,43 @@
+"""The event as it travels from ingest through the queue to the worker."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+import orjson
+from pydantic import BaseModel
+
+
+class Event(BaseModel):
+    id: str
+    source: str
+    type: str
+    group_key: str
+    delivery_id: str
+    pipeline: str
+    received_at: datetime
+    payload: Any
+
+    def to_bytes(self) -> bytes:
+        return orjson.dumps(self.model_dump(mode="json"))
+
+    @classmethod
+    def from_bytes(cls, data: bytes | str) -> Event:
+        return cls.model_validate(orjson.loads(data))
+
+    def summary(self) -> dict[str, str]:
+        """The event fields that every published message carries."""
+        return {
+            "id": self.id,
+            "source": self.source,
+            "type": self.type,
+            "group_key": self.group_key,
+            "received_at": self.received_at.isoformat(),
+        }
+
+
+class IngestResponse(BaseModel):
+    event_id: str | None
+    status: Literal["queued", "duplicate", "ignored"]
+    detail: str | None = None

@@ -1,0 +1,152 @@
+"""Claude over the official SDK. The gateway owns retries, so the SDK's are off.
+
+ClaudeError                  (carries status, request id, retry-after)
+├── retryable = True         408, 409, 429, 5xx/529, timeouts, connection errors
+└── retryable = False        400, 401, 403, 404, 413 ... (dead-letter the event)
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import anthropic
+from anthropic import AsyncAnthropic
+
+RETRYABLE_STATUS = frozenset({408, 409, 429})
+
+
+class ClaudeError(Exception):
+    def __init__(
+        self,
+        message: str,
+        *,
+        error_type: str,
+        retryable: bool,
+        status: int | None = None,
+        request_id: str | None = None,
+        retry_after: float | None = None,
+        latency_ms: float = 0.0,
+    ) -> None:
+        super().__init__(message)
+        self.error_type = error_type
+        self.retryable = retryable
+        self.status = status
+        self.request_id = request_id
+        self.retry_after = retry_after
+        self.latency_ms = latency_ms
+
+
+@dataclass(frozen=True, slots=True)
+class ClaudeRequest:
+    model: str
+    system: list[dict[str, Any]]
+    tools: list[dict[str, Any]]
+    messages: list[dict[str, Any]]
+    max_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class ClaudeReply:
+    model: str
+    request_id: str | None
+    stop_reason: str | None
+    content: list[dict[str, Any]]
+    latency_ms: float
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_creation_input_tokens: int = 0
+    cache_read_input_tokens: int = 0
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def tool_uses(self) -> list[dict[str, Any]]:
+        return [block for block in self.content if block.get("type") == "tool_use"]
+
+
+def _retry_after(headers: Any) -> float | None:
+    value = headers.get("retry-after") if headers is not None else None
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+class ClaudeClient:
+    def __init__(self, client: AsyncAnthropic) -> None:
+        self.client = client
+
+    @classmethod
+    def from_env(cls, *, api_key: str | None, timeout: float) -> ClaudeClient:
+        # base_url comes from ANTHROPIC_BASE_URL, read by the SDK itself.
+        return cls(AsyncAnthropic(api_key=api_key, max_retries=0, timeout=timeout))
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    async def create(self, request: ClaudeRequest) -> ClaudeReply:
+        started = time.perf_counter()
+        try:
+            raw = await self.client.messages.with_raw_response.create(
+                model=request.model,
+                system=cast(Any, request.system),
+                tools=cast(Any, request.tools),
+                messages=cast(Any, request.messages),
+                max_tokens=request.max_tokens,
+            )
+            message = await raw.parse()
+        except anthropic.APIStatusError as exc:
+            status = exc.status_code
+            raise ClaudeError(
+                _status_message(exc),
+                error_type=type(exc).__name__,
+                retryable=status in RETRYABLE_STATUS or status >= 500,
+                status=status,
+                request_id=exc.response.headers.get("request-id"),
+                retry_after=_retry_after(exc.response.headers),
+                latency_ms=_ms(started),
+            ) from exc
+        except anthropic.APITimeoutError as exc:
+            raise ClaudeError(
+                "request timed out",
+                error_type="APITimeoutError",
+                retryable=True,
+                latency_ms=_ms(started),
+            ) from exc
+        except anthropic.APIConnectionError as exc:
+            raise ClaudeError(
+                f"connection failed: {exc}",
+                error_type="APIConnectionError",
+                retryable=True,
+                latency_ms=_ms(started),
+            ) from exc
+        usage = message.usage
+        return ClaudeReply(
+            model=message.model,
+            request_id=raw.headers.get("request-id"),
+            stop_reason=message.stop_reason,
+            content=[block.model_dump(mode="json", exclude_none=True) for block in message.content],
+            latency_ms=_ms(started),
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
+            cache_creation_input_tokens=usage.cache_creation_input_tokens or 0,
+            cache_read_input_tokens=usage.cache_read_input_tokens or 0,
+            headers={
+                k: v
+                for k, v in raw.headers.items()
+                if k.startswith("anthropic-ratelimit-") or k == "retry-after"
+            },
+        )
+
+
+def _ms(started: float) -> float:
+    return round((time.perf_counter() - started) * 1000, 3)
+
+
+def _status_message(exc: anthropic.APIStatusError) -> str:
+    body = exc.body
+    if isinstance(body, dict):
+        error = body.get("error")
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            return f"{exc.status_code}: {error['message']}"
+    return f"{exc.status_code}: {exc.message}"

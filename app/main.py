@@ -1,0 +1,165 @@
+"""App factory and lifespan: build every client into ``AppState``, start the roles' loops,
+close everything on exit."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Literal
+
+import aioboto3
+import structlog
+from fastapi import FastAPI
+
+from app.admin.router import router as admin_router
+from app.config import GatewayConfig, load_config
+from app.errors import install_error_handlers
+from app.ingest.router import router as ingest_router
+from app.ingest.service import IngestService
+from app.llm.client import ClaudeClient
+from app.llm.pipeline import EventProcessor
+from app.observability.logging import configure_logging
+from app.observability.router import router as health_router
+from app.publish.relay import OutboxRelay, RelayLease
+from app.publish.sns import SnsPublisher
+from app.queue.connection import connect_redis
+from app.queue.streams import EventQueue
+from app.queue.worker import QueueWorker
+from app.settings import Settings
+from app.state import AppState
+from app.store.db import create_engine, session_factory
+from app.store.migrate import upgrade_head
+
+Role = Literal["serve", "api", "worker"]
+log = structlog.get_logger(__name__)
+
+
+def create_app(
+    settings: Settings | None = None, config: GatewayConfig | None = None, *, role: Role = "serve"
+) -> FastAPI:
+    settings = settings or Settings()
+    config = config or load_config(settings.config)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with AsyncExitStack() as stack:
+            state = await _build_state(settings, config, role, stack)
+            app.state.gateway = state
+            _start_loops(state)
+            log.info(
+                "eventgate_started",
+                role=role,
+                sources=sorted(config.sources),
+                redis=settings.redis_url.split("@")[-1],
+                llm_configured=state.claude is not None,
+                builtin_config=settings.config is None,
+            )
+            try:
+                yield
+            finally:
+                await _stop_loops(state)
+
+    app = FastAPI(
+        title="eventgate",
+        version="0.1.0",
+        description="Verified webhooks in; Claude's tool calls out to SNS FIFO, in order, "
+        "once; every LLM call audited.",
+        lifespan=lifespan,
+    )
+    install_error_handlers(app)
+    app.include_router(health_router)
+    if role in ("serve", "api"):
+        app.include_router(ingest_router)
+        app.include_router(admin_router)
+    return app
+
+
+async def _build_state(
+    settings: Settings, config: GatewayConfig, role: Role, stack: AsyncExitStack
+) -> AppState:
+    configure_logging(fmt=settings.log_format, level=settings.log_level)
+    if settings.auto_migrate:
+        await asyncio.to_thread(upgrade_head, settings.database_url)
+    engine = create_engine(settings.database_url)
+    stack.push_async_callback(engine.dispose)
+    redis = connect_redis(settings.redis_url)
+    stack.push_async_callback(redis.aclose)
+    queue = EventQueue(redis, prefix=settings.redis_prefix, partitions=settings.partitions)
+    state = AppState(
+        settings=settings,
+        config=config,
+        role=role,
+        engine=engine,
+        sessions=session_factory(engine),
+        redis=redis,
+        queue=queue,
+        ingest=IngestService(
+            config=config,
+            queue=queue,
+            max_body_bytes=settings.max_body_bytes,
+            dedup_window_seconds=settings.dedup_window_seconds,
+        ),
+    )
+    if settings.anthropic_api_key or os.environ.get("ANTHROPIC_BASE_URL"):
+        state.claude = ClaudeClient.from_env(
+            api_key=settings.anthropic_api_key or "unset", timeout=settings.llm_timeout_seconds
+        )
+        stack.push_async_callback(state.claude.close)
+    if any(tool.topic_arn for tool in config.tools.values()):
+        sns = await stack.enter_async_context(
+            aioboto3.Session().client("sns", region_name=settings.aws_region)
+        )
+        state.publisher = SnsPublisher(sns)
+    if role in ("serve", "worker"):
+        _build_worker(state)
+    return state
+
+
+def _build_worker(state: AppState) -> None:
+    settings = state.settings
+    owner = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    if state.publisher is not None:
+        state.relay = OutboxRelay(
+            sessions=state.sessions,
+            publisher=state.publisher,
+            lease=RelayLease(state.redis, key=f"{settings.redis_prefix}:relay-lease", owner=owner),
+            poll_seconds=settings.relay_poll_seconds,
+        )
+    if state.claude is None:
+        log.warning("llm_not_configured", detail="set ANTHROPIC_API_KEY; events stay queued")
+        return
+    relay = state.relay
+    processor = EventProcessor(
+        config=state.config,
+        sessions=state.sessions,
+        claude=state.claude,
+        llm_slots=asyncio.Semaphore(settings.llm_max_concurrency),
+        max_deliveries=settings.max_deliveries,
+        on_stored=relay.wake if relay is not None else lambda: None,
+    )
+    state.worker = QueueWorker(
+        queue=state.queue,
+        process=processor.process,
+        consumer=owner,
+        concurrency=settings.llm_max_concurrency,
+        reclaim_idle_ms=settings.reclaim_idle_ms,
+    )
+
+
+def _start_loops(state: AppState) -> None:
+    if state.worker is not None:
+        state.tasks.append(asyncio.create_task(state.worker.run(), name="worker"))
+    if state.relay is not None:
+        state.tasks.append(asyncio.create_task(state.relay.run(), name="relay"))
+
+
+async def _stop_loops(state: AppState) -> None:
+    if state.worker is not None:
+        state.worker.stop()
+    for task in state.tasks:
+        task.cancel()
+    await asyncio.gather(*state.tasks, return_exceptions=True)

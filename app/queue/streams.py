@@ -1,0 +1,148 @@
+"""Partitioned Redis Streams: the durable queue between ingest and the worker.
+
+Keys carry a hash tag per partition (``{prefix}:{p7}:...``) so the dedup key and the stream
+of one partition live in the same Redis Cluster slot and one Lua call can touch both.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.exceptions import ResponseError
+
+GROUP = b"eventgate"
+
+# Dedup and enqueue in one atomic step: a 2xx is only sent once the XADD has happened, and a
+# redelivery finds the first event id under the dedup key.
+_ENQUEUE = """
+local existing = redis.call('GET', KEYS[1])
+if existing then return {0, existing} end
+redis.call('XADD', KEYS[2], '*', 'e', ARGV[3])
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return {1, ARGV[1]}
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class StreamEntry:
+    partition: int
+    entry_id: bytes
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueResult:
+    event_id: str
+    created: bool
+
+
+class EventQueue:
+    def __init__(self, redis: Redis, *, prefix: str, partitions: int) -> None:
+        self.redis = redis
+        self.prefix = prefix
+        self.partitions = partitions
+        self._enqueue = redis.register_script(_ENQUEUE)
+
+    def partition_of(self, group_key: str) -> int:
+        return zlib.crc32(group_key.encode()) % self.partitions
+
+    def stream_key(self, partition: int) -> str:
+        return f"{self.prefix}:{{p{partition}}}:stream"
+
+    def dedup_key(self, partition: int, source: str, delivery_id: str) -> str:
+        digest = hashlib.sha256(f"{source}\0{delivery_id}".encode()).hexdigest()[:32]
+        return f"{self.prefix}:{{p{partition}}}:dedup:{digest}"
+
+    async def enqueue(
+        self,
+        *,
+        event_id: str,
+        source: str,
+        delivery_id: str,
+        group_key: str,
+        data: bytes,
+        dedup_window_ms: int,
+    ) -> EnqueueResult:
+        partition = self.partition_of(group_key)
+        keys = [self.dedup_key(partition, source, delivery_id), self.stream_key(partition)]
+        created, stored_id = await self._enqueue(keys=keys, args=[event_id, dedup_window_ms, data])
+        return EnqueueResult(
+            stored_id.decode() if isinstance(stored_id, bytes) else stored_id, bool(created)
+        )
+
+    async def ensure_groups(self, partitions: list[int]) -> None:
+        for partition in partitions:
+            try:
+                await self.redis.xgroup_create(
+                    self.stream_key(partition), GROUP, id="0", mkstream=True
+                )
+            except ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
+
+    async def read_new(
+        self, *, consumer: str, partitions: list[int], count: int, block_ms: int
+    ) -> list[StreamEntry]:
+        if not partitions:
+            return []
+        streams: dict[Any, Any] = {self.stream_key(p): ">" for p in partitions}
+        reply = await self.redis.xreadgroup(
+            GROUP.decode(),
+            consumer,
+            streams,
+            count=count,
+            block=block_ms,
+        )
+        return self._entries(reply)
+
+    async def claim_pending(
+        self, *, consumer: str, partition: int, min_idle_ms: int
+    ) -> list[StreamEntry]:
+        """Take over entries delivered but never acked (a crashed or departed consumer)."""
+        claimed: list[StreamEntry] = []
+        cursor: bytes | str = "0-0"
+        while True:
+            reply = await self.redis.xautoclaim(
+                self.stream_key(partition),
+                GROUP,
+                consumer,
+                min_idle_time=min_idle_ms,
+                start_id=cursor,
+                count=100,
+            )
+            cursor, messages = reply[0], reply[1]
+            claimed += [
+                StreamEntry(partition, mid, fields[b"e"]) for mid, fields in messages if fields
+            ]
+            if cursor in (b"0-0", "0-0"):
+                return claimed
+
+    async def ack(self, entry: StreamEntry) -> None:
+        key = self.stream_key(entry.partition)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.xack(key, GROUP, entry.entry_id)
+            pipe.xdel(key, entry.entry_id)
+            await pipe.execute()
+
+    async def depth(self) -> int:
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for partition in range(self.partitions):
+                pipe.xlen(self.stream_key(partition))
+            lengths = await pipe.execute()
+        return int(sum(lengths))
+
+    def _entries(self, reply: Any) -> list[StreamEntry]:
+        entries: list[StreamEntry] = []
+        if not reply:
+            return entries
+        items = reply.items() if isinstance(reply, dict) else reply  # RESP3 vs RESP2
+        for stream, messages in items:
+            name = stream.decode() if isinstance(stream, bytes) else str(stream)
+            partition = int(name.split("{p", 1)[1].split("}", 1)[0])
+            for mid, fields in messages:
+                entries.append(StreamEntry(partition, mid, fields[b"e"]))
+        return entries

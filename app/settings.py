@@ -1,0 +1,56 @@
+"""Process settings, read from the environment (prefix ``EVENTGATE_``).
+
+The SDKs' own variables (``ANTHROPIC_API_KEY``, ``ANTHROPIC_BASE_URL``, ``AWS_REGION``,
+``AWS_ENDPOINT_URL_SNS`` ...) are read by the SDKs themselves and are not repeated here, except
+where the gateway needs to know them (is the LLM configured? which region?).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="EVENTGATE_", extra="ignore")
+
+    config: Path | None = None
+    redis_url: str = "memory://"
+    # Prefix of every Redis key; lets several gateways (or test runs) share one Redis.
+    redis_prefix: str = "eventgate"
+    database_url: str = "sqlite+aiosqlite:///./eventgate.db"
+    admin_token: str | None = None
+    auto_migrate: bool = True
+
+    partitions: int = Field(default=16, ge=1, le=1024)
+    dedup_window_seconds: int = Field(default=24 * 3600, ge=1)
+    max_body_bytes: int = Field(default=5 * 1024 * 1024, ge=1)
+
+    llm_max_concurrency: int = Field(default=16, ge=1)
+    llm_timeout_seconds: float = Field(default=60.0, gt=0)
+    llm_max_attempts: int = Field(default=4, ge=1)
+    llm_max_tokens: int = Field(default=1024, ge=1)
+    # Stream deliveries of one event before it is dead-lettered as poison.
+    max_deliveries: int = Field(default=5, ge=1)
+    # A pending entry idle this long is reclaimed and processed again.
+    reclaim_idle_ms: int = Field(default=60_000, ge=100)
+
+    shutdown_grace_seconds: float = Field(default=20.0, ge=0)
+
+    relay_poll_seconds: float = Field(default=1.0, gt=0)
+    relay_max_attempts: int = Field(default=8, ge=1)
+
+    log_format: str = Field(default="auto", pattern="^(auto|json|console)$")
+    log_level: str = "info"
+
+    @property
+    def anthropic_api_key(self) -> str | None:
+        return os.environ.get("ANTHROPIC_API_KEY") or os.environ.get("ANTHROPIC_AUTH_TOKEN")
+
+    @property
+    def aws_region(self) -> str:
+        # botocore reads AWS_DEFAULT_REGION only; honour AWS_REGION too (see NOTES.md).
+        return os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"

@@ -1,0 +1,36 @@
+"""Everything the lifespan builds, in one typed object. Nothing connects at import time."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from redis.asyncio import Redis
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+
+from app.config import GatewayConfig
+from app.ingest.service import IngestService
+from app.llm.client import ClaudeClient
+from app.publish.relay import OutboxRelay
+from app.publish.sns import SnsPublisher
+from app.queue.streams import EventQueue
+from app.queue.worker import QueueWorker
+from app.settings import Settings
+
+
+@dataclass
+class AppState:
+    settings: Settings
+    config: GatewayConfig
+    role: str
+    engine: AsyncEngine
+    sessions: async_sessionmaker[AsyncSession]
+    redis: Redis
+    queue: EventQueue
+    ingest: IngestService
+    claude: ClaudeClient | None = None
+    publisher: SnsPublisher | None = None
+    relay: OutboxRelay | None = None
+    worker: QueueWorker | None = None
+    tasks: list[asyncio.Task[Any]] = field(default_factory=list)

@@ -1,0 +1,133 @@
+"""Tables: events, llm_calls (the audit log), outbox, dead_letters.
+
+An event row is written by the worker when it first processes the event; until then the
+event lives only in its Redis stream (status ``queued``).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class EventStatus:
+    QUEUED = "queued"
+    PROCESSING = "processing"
+    PUBLISHED = "published"
+    NO_ACTION = "no_action"
+    FILTERED = "filtered"
+    DEAD_LETTERED = "dead_lettered"
+
+
+class EventRow(Base):
+    __tablename__ = "events"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    source: Mapped[str] = mapped_column(String(64))
+    type: Mapped[str] = mapped_column(String(200))
+    group_key: Mapped[str] = mapped_column(String(512))
+    delivery_id: Mapped[str] = mapped_column(String(200))
+    pipeline: Mapped[str] = mapped_column(String(64))
+    status: Mapped[str] = mapped_column(String(32), index=True)
+    payload: Mapped[dict[str, Any]] = mapped_column(JSON)
+    received_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    deliveries: Mapped[int] = mapped_column(Integer, default=0)
+    error: Mapped[str | None] = mapped_column(Text, default=None)
+
+
+class LlmCallRow(Base):
+    """One row per attempt: success, API error, timeout or connection failure."""
+
+    __tablename__ = "llm_calls"
+    __table_args__ = (Index("ix_llm_calls_event_attempt", "event_id", "attempt"),)
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    event_id: Mapped[str] = mapped_column(String(64))
+    pipeline: Mapped[str] = mapped_column(String(64), index=True)
+    model: Mapped[str] = mapped_column(String(100), index=True)
+    attempt: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(32), index=True)
+    request_id: Mapped[str | None] = mapped_column(String(200), default=None)
+    latency_ms: Mapped[float] = mapped_column(Float)
+    input_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    output_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    cache_creation_input_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    cache_read_input_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    stop_reason: Mapped[str | None] = mapped_column(String(64), default=None)
+    tool_calls: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    error_type: Mapped[str | None] = mapped_column(String(100), default=None)
+    error: Mapped[str | None] = mapped_column(Text, default=None)
+    created_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), default=utcnow, index=True
+    )
+
+
+class OutboxStatus:
+    PENDING = "pending"
+    PUBLISHED = "published"
+    DEAD = "dead"
+
+
+class OutboxRow(Base):
+    """A tool call waiting to be (or already) published; ``id`` order is publish order."""
+
+    __tablename__ = "outbox"
+    __table_args__ = (
+        UniqueConstraint("event_id", "seq", name="uq_outbox_event_seq"),
+        Index("ix_outbox_status_id", "status", "id"),
+    )
+
+    id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
+    event_id: Mapped[str] = mapped_column(String(64), ForeignKey("events.id"))
+    seq: Mapped[int] = mapped_column(Integer)
+    llm_call_id: Mapped[str] = mapped_column(String(64))
+    tool: Mapped[str] = mapped_column(String(64))
+    topic_arn: Mapped[str | None] = mapped_column(String(300), default=None)
+    group_id: Mapped[str] = mapped_column(String(128))
+    dedup_id: Mapped[str] = mapped_column(String(128), unique=True)
+    body: Mapped[str] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(String(32), default=OutboxStatus.PENDING)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    last_error: Mapped[str | None] = mapped_column(Text, default=None)
+    sns_message_id: Mapped[str | None] = mapped_column(String(200), default=None)
+    sns_sequence_number: Mapped[str | None] = mapped_column(String(200), default=None)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    published_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), default=None)
+
+
+class DeadLetterRow(Base):
+    __tablename__ = "dead_letters"
+
+    id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
+    event_id: Mapped[str] = mapped_column(String(64), index=True)
+    stage: Mapped[str] = mapped_column(String(32))
+    reason: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    replayed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), default=None)

@@ -1,0 +1,179 @@
+"""A small fake of the Anthropic Messages API over real HTTP, for end-to-end tests, the
+first-run walkthrough and benchmarks (point ``ANTHROPIC_BASE_URL`` at it).
+
+By default it answers every request by calling the first offered tool with an input built
+from the tool's schema (plus the event type and group parsed from the prompt). ``faults`` is
+a list of HTTP statuses returned, one per request, before normal answers resume.
+
+    python -m app.testing.fake_anthropic --port 8787 --latency 0.2
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import re
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+
+@dataclass
+class FakeBehaviour:
+    latency: float = 0.0
+    jitter: float = 0.0
+    faults: list[int] = field(default_factory=list)
+    # Called with the request JSON; returns content blocks, or None for the default answer.
+    responder: Any = None
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    in_flight: int = 0
+    max_in_flight: int = 0
+
+
+def _sample(schema: dict[str, Any], hints: dict[str, str]) -> Any:
+    kind = schema.get("type")
+    if "enum" in schema:
+        return schema["enum"][0]
+    if kind == "object":
+        props = schema.get("properties", {})
+        return {name: _sample(props.get(name, {}), hints) for name in schema.get("required", [])}
+    if kind in ("integer", "number"):
+        return 1
+    if kind == "boolean":
+        return True
+    if kind == "array":
+        return []
+    return f"{hints.get('event type', 'event')} in {hints.get('group', '?')}"
+
+
+def default_answer(request: dict[str, Any]) -> list[dict[str, Any]]:
+    tools = request.get("tools") or []
+    if not tools:
+        return [{"type": "text", "text": "nothing to do"}]
+    prompt = str(request["messages"][-1]["content"])
+    hints = dict(re.findall(r"^(event type|group|source): (.*)$", prompt, re.MULTILINE))
+    tool = tools[0]
+    return [
+        {"type": "text", "text": "Raising this with the team."},
+        {
+            "type": "tool_use",
+            "id": f"toolu_{uuid.uuid4().hex[:20]}",
+            "name": tool["name"],
+            "input": _sample(tool.get("input_schema", {}), hints),
+        },
+    ]
+
+
+def build_app(behaviour: FakeBehaviour) -> Starlette:
+    async def messages(request: Request) -> JSONResponse:
+        body = await request.json()
+        behaviour.requests.append(body)
+        behaviour.in_flight += 1
+        behaviour.max_in_flight = max(behaviour.max_in_flight, behaviour.in_flight)
+        try:
+            delay = behaviour.latency + random.uniform(0, behaviour.jitter)
+            if delay:
+                await asyncio.sleep(delay)
+            request_id = f"req_fake_{uuid.uuid4().hex[:16]}"
+            if behaviour.faults:
+                status = behaviour.faults.pop(0)
+                kind = {
+                    429: "rate_limit_error",
+                    529: "overloaded_error",
+                    401: "authentication_error",
+                    400: "invalid_request_error",
+                }
+                return JSONResponse(
+                    {
+                        "type": "error",
+                        "error": {
+                            "type": kind.get(status, "api_error"),
+                            "message": f"fake fault {status}",
+                        },
+                    },
+                    status_code=status,
+                    headers={"request-id": request_id, "retry-after": "0"},
+                )
+            content = (
+                behaviour.responder(body) if behaviour.responder else None
+            ) or default_answer(body)
+            uses_tool = any(block["type"] == "tool_use" for block in content)
+            return JSONResponse(
+                {
+                    "id": f"msg_{uuid.uuid4().hex[:20]}",
+                    "type": "message",
+                    "role": "assistant",
+                    "model": body["model"],
+                    "content": content,
+                    "stop_reason": "tool_use" if uses_tool else "end_turn",
+                    "stop_sequence": None,
+                    "usage": {
+                        "input_tokens": len(str(body)) // 4,
+                        "output_tokens": 40,
+                        "cache_creation_input_tokens": 0,
+                        "cache_read_input_tokens": 0,
+                    },
+                },
+                headers={"request-id": request_id},
+            )
+        finally:
+            behaviour.in_flight -= 1
+
+    return Starlette(routes=[Route("/v1/messages", messages, methods=["POST"])])
+
+
+class FakeAnthropicServer:
+    """Runs the fake in a background thread on 127.0.0.1; ``base_url`` once started."""
+
+    def __init__(self, behaviour: FakeBehaviour | None = None, port: int = 0) -> None:
+        self.behaviour = behaviour or FakeBehaviour()
+        config = uvicorn.Config(
+            build_app(self.behaviour),
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+            lifespan="off",
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        sockets = self.server.servers[0].sockets
+        return f"http://127.0.0.1:{sockets[0].getsockname()[1]}"
+
+    def start(self) -> FakeAnthropicServer:
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            if time.monotonic() > deadline:
+                raise RuntimeError("fake Anthropic server did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=5)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--port", type=int, default=8787)
+    parser.add_argument("--latency", type=float, default=0.0)
+    parser.add_argument("--jitter", type=float, default=0.0)
+    args = parser.parse_args()
+    behaviour = FakeBehaviour(latency=args.latency, jitter=args.jitter)
+    uvicorn.run(build_app(behaviour), host="127.0.0.1", port=args.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()

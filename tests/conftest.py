@@ -1,0 +1,130 @@
+"""Fixtures: real Redis and Postgres when reachable (fakeredis / SQLite otherwise, said so
+in the header), moto server for SNS/SQS, and a fake Anthropic Messages API over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from moto.server import ThreadedMotoServer
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from app.store.db import create_engine, session_factory
+from app.store.migrate import upgrade_head
+from app.testing.fake_anthropic import FakeAnthropicServer, FakeBehaviour
+from tests.support import SnsFixture, free_port, reachable
+
+REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+PG_ADMIN_URL = os.environ.get("TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
+HAVE_REDIS = reachable("127.0.0.1", 6379) if "TEST_REDIS_URL" not in os.environ else True
+HAVE_POSTGRES = reachable("127.0.0.1", 5432)
+
+# SDKs must never reach a real cloud from tests.
+os.environ.update(
+    {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_REGION": "us-east-1",
+    }
+)
+os.environ.pop("ANTHROPIC_API_KEY", None)
+os.environ.pop("ANTHROPIC_BASE_URL", None)
+
+
+def pytest_report_header() -> list[str]:
+    return [
+        f"redis: {'real ' + REDIS_URL if HAVE_REDIS else 'fakeredis (memory://): none reachable'}",
+        f"database: {'real PostgreSQL' if HAVE_POSTGRES else 'SQLite: no PostgreSQL reachable'}",
+    ]
+
+
+@pytest.fixture
+def redis_url() -> str:
+    return REDIS_URL if HAVE_REDIS else "memory://"
+
+
+@pytest.fixture
+def redis_prefix() -> str:
+    return f"egtest-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture(scope="session")
+def _postgres_database() -> Iterator[str | None]:
+    if not HAVE_POSTGRES:
+        yield None
+        return
+    import asyncpg
+
+    name = f"eventgate_test_{uuid.uuid4().hex[:10]}"
+
+    async def admin(sql: str) -> None:
+        conn = await asyncpg.connect(PG_ADMIN_URL)
+        try:
+            await conn.execute(sql)
+        finally:
+            await conn.close()
+
+    asyncio.run(admin(f'CREATE DATABASE "{name}"'))
+    url = PG_ADMIN_URL.rsplit("/", 1)[0].replace("postgresql://", "postgresql+asyncpg://")
+    url = f"{url}/{name}"
+    upgrade_head(url)
+    yield url
+    asyncio.run(admin(f'DROP DATABASE "{name}" WITH (FORCE)'))
+
+
+@pytest.fixture
+def database_url(_postgres_database: str | None, tmp_path: Path) -> Iterator[str]:
+    """A migrated, empty database: the session's Postgres (tables emptied) or a new SQLite."""
+    if _postgres_database is None:
+        url = f"sqlite+aiosqlite:///{tmp_path / 'eventgate.db'}"
+        upgrade_head(url)
+        yield url
+        return
+
+    async def truncate() -> None:
+        engine = create_engine(_postgres_database)
+        async with engine.begin() as conn:
+            await conn.execute(
+                text("TRUNCATE outbox, llm_calls, dead_letters, events RESTART IDENTITY CASCADE")
+            )
+        await engine.dispose()
+
+    asyncio.run(truncate())
+    yield _postgres_database
+
+
+@pytest.fixture
+async def sessions(database_url: str) -> AsyncIterator[async_sessionmaker[AsyncSession]]:
+    engine = create_engine(database_url)
+    yield session_factory(engine)
+    await engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint() -> Iterator[str]:
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def sns(moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> SnsFixture:
+    monkeypatch.setenv("AWS_ENDPOINT_URL_SNS", moto_endpoint)
+    return SnsFixture(moto_endpoint, f"t{uuid.uuid4().hex[:12]}")
+
+
+@pytest.fixture
+def fake_claude(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeAnthropicServer]:
+    server = FakeAnthropicServer(FakeBehaviour()).start()
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", server.base_url)
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-test-key-not-real")
+    yield server
+    server.stop()

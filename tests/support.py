@@ -1,0 +1,142 @@
+"""Helpers shared by tests: real services when reachable, signed requests, a server thread."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import socket
+import threading
+import time
+import uuid
+from typing import Any
+
+import boto3
+import orjson
+import uvicorn
+
+
+def reachable(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ServerThread:
+    """Runs an ASGI app under uvicorn in a thread (its own event loop), on a free port."""
+
+    def __init__(self, app: Any) -> None:
+        self.port = free_port()
+        self.server = uvicorn.Server(
+            uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
+        )
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> ServerThread:
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("server did not start")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=20)
+
+
+def github_request(
+    secret: str, payload: dict[str, Any], *, event: str = "issues", delivery: str | None = None
+) -> tuple[bytes, dict[str, str]]:
+    body = orjson.dumps(payload)
+    signature = hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+    return body, {
+        "Content-Type": "application/json",
+        "X-GitHub-Event": event,
+        "X-GitHub-Delivery": delivery or str(uuid.uuid4()),
+        "X-Hub-Signature-256": f"sha256={signature}",
+    }
+
+
+def issue_payload(repo: str, number: int, action: str = "opened") -> dict[str, Any]:
+    owner = repo.split("/")[0]
+    return {
+        "action": action,
+        "issue": {
+            "number": number,
+            "title": f"Issue {number}",
+            "state": "open",
+            "html_url": f"https://github.com/{repo}/issues/{number}",
+            "user": {"login": "octocat"},
+            "body": "It broke.",
+        },
+        "repository": {
+            "id": 1296269,
+            "full_name": repo,
+            "name": repo.split("/")[1],
+            "owner": {"login": owner},
+            "html_url": f"https://github.com/{repo}",
+        },
+        "sender": {"login": "octocat", "id": 1},
+    }
+
+
+class SnsFixture:
+    """An SNS FIFO topic on moto with an SQS FIFO and a standard queue subscribed (raw)."""
+
+    def __init__(self, endpoint: str, name: str) -> None:
+        self.sns = boto3.client("sns", endpoint_url=endpoint, region_name="us-east-1")
+        self.sqs = boto3.client("sqs", endpoint_url=endpoint, region_name="us-east-1")
+        self.topic_arn = self.sns.create_topic(
+            Name=f"{name}.fifo", Attributes={"FifoTopic": "true"}
+        )["TopicArn"]
+        self.fifo_url = self._queue(f"{name}-sub.fifo", fifo=True)
+        # The standard queue counts every publish (SQS FIFO would hide duplicates).
+        self.all_url = self._queue(f"{name}-all", fifo=False)
+
+    def _queue(self, name: str, *, fifo: bool) -> str:
+        attributes = {"FifoQueue": "true"} if fifo else {}
+        url: str = self.sqs.create_queue(QueueName=name, Attributes=attributes)["QueueUrl"]
+        arn = self.sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])[
+            "Attributes"
+        ]["QueueArn"]
+        self.sns.subscribe(
+            TopicArn=self.topic_arn,
+            Protocol="sqs",
+            Endpoint=arn,
+            Attributes={"RawMessageDelivery": "true"},
+        )
+        return url
+
+    def receive(self, url: str, *, expected: int, timeout: float = 30) -> list[dict[str, Any]]:
+        """Drain ``url`` until ``expected`` messages arrived (or the timeout); delete them."""
+        got: list[dict[str, Any]] = []
+        deadline = time.monotonic() + timeout
+        while len(got) < expected and time.monotonic() < deadline:
+            reply = self.sqs.receive_message(
+                QueueUrl=url,
+                MaxNumberOfMessages=10,
+                WaitTimeSeconds=1,
+                AttributeNames=["All"],
+                MessageAttributeNames=["All"],
+            )
+            for message in reply.get("Messages", []):
+                got.append(message)
+                self.sqs.delete_message(QueueUrl=url, ReceiptHandle=message["ReceiptHandle"])
+        return got
+
+    def drain_extra(self, url: str) -> list[dict[str, Any]]:
+        """Whatever else arrives within a short quiet period (to prove nothing more came)."""
+        return self.receive(url, expected=10_000, timeout=2)

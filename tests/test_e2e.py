@@ -1,0 +1,184 @@
+"""Webhook → Redis → Claude (fake, over HTTP) → SNS FIFO (moto) → an SQS FIFO subscriber,
+with `eventgate serve` running as a real process configured only through its environment."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+from sqlalchemy import select
+
+from app.store.db import create_engine, session_factory
+from app.store.models import EventRow, LlmCallRow, OutboxRow
+from app.testing.fake_anthropic import FakeAnthropicServer
+from tests.support import SnsFixture, free_port, github_request, issue_payload
+
+SECRET = "e2e-github-secret"
+
+
+def _config(topic_arn: str) -> str:
+    return f"""
+sources:
+  github:
+    type: github
+    secret: ${{E2E_GITHUB_SECRET}}
+    pipeline: triage
+pipelines:
+  triage:
+    model: claude-sonnet-4-5
+    system: You triage GitHub events.
+    tools: [publishAlert]
+tools:
+  publishAlert:
+    description: Raise an alert.
+    input_schema:
+      type: object
+      properties: {{severity: {{type: string, enum: [high, low]}}, title: {{type: string}}}}
+      required: [severity, title]
+    topic_arn: {topic_arn}
+"""
+
+
+@pytest.fixture
+def gateway(
+    tmp_path: Path,
+    sns: SnsFixture,
+    fake_claude: FakeAnthropicServer,
+    redis_url: str,
+    redis_prefix: str,
+    database_url: str,
+    moto_endpoint: str,
+) -> Iterator[str]:
+    config = tmp_path / "eventgate.yaml"
+    config.write_text(_config(sns.topic_arn))
+    port = free_port()
+    env = {
+        **os.environ,
+        "E2E_GITHUB_SECRET": SECRET,
+        "EVENTGATE_CONFIG": str(config),
+        "EVENTGATE_REDIS_URL": redis_url,
+        "EVENTGATE_REDIS_PREFIX": redis_prefix,
+        "EVENTGATE_DATABASE_URL": database_url,
+        "EVENTGATE_LOG_FORMAT": "json",
+        "ANTHROPIC_BASE_URL": fake_claude.base_url,
+        "ANTHROPIC_API_KEY": "sk-ant-e2e-not-real",
+        "AWS_ENDPOINT_URL_SNS": moto_endpoint,
+    }
+    log_path = tmp_path / "gateway.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "app", "serve", "--port", str(port)],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        url = f"http://127.0.0.1:{port}"
+        try:
+            _wait_ready(url, proc, log_path)
+            yield url
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+    # No secret reaches the gateway's log.
+    text = log_path.read_text()
+    assert SECRET not in text
+    assert "sk-ant-e2e-not-real" not in text
+
+
+def _wait_ready(url: str, proc: subprocess.Popen[bytes], log_path: Path) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"gateway exited:\n{log_path.read_text()}")
+        try:
+            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"gateway not ready:\n{log_path.read_text()}")
+
+
+def test_signed_webhooks_reach_the_fifo_subscriber_in_order_once(
+    gateway: str,
+    sns: SnsFixture,
+    fake_claude: FakeAnthropicServer,
+    database_url: str,
+) -> None:
+    repos = ["acme/api", "acme/web"]
+    sent: dict[str, list[str]] = {repo: [] for repo in repos}
+    first_delivery: tuple[bytes, dict[str, str]] | None = None
+    with httpx.Client(base_url=gateway, timeout=10) as client:
+        for number in range(1, 4):
+            for repo in repos:
+                body, headers = github_request(SECRET, issue_payload(repo, number))
+                first_delivery = first_delivery or (body, headers)
+                reply = client.post("/v1/webhooks/github", content=body, headers=headers)
+                assert reply.status_code == 202, reply.text
+                assert reply.json()["status"] == "queued"
+                sent[repo].append(reply.json()["event_id"])
+        # GitHub redelivers the first webhook: same delivery id, same body.
+        assert first_delivery is not None
+        again = client.post(
+            "/v1/webhooks/github", content=first_delivery[0], headers=first_delivery[1]
+        )
+        assert again.status_code == 200
+        assert again.json() == {"event_id": sent["acme/api"][0], "status": "duplicate"}
+
+    messages = sns.receive(sns.fifo_url, expected=6)
+    assert len(messages) == 6
+    received: dict[str, list[str]] = {repo: [] for repo in repos}
+    for message in messages:
+        body = orjson.loads(message["Body"])
+        group = message["Attributes"]["MessageGroupId"]
+        assert group == body["event"]["group_key"]
+        assert body["tool"] == "publishAlert"
+        assert body["input"]["severity"] == "high"
+        assert body["event"]["type"] == "issues.opened"
+        assert body["event"]["source"] == "github"
+        assert body["model"] == "claude-sonnet-4-5"
+        assert body["sequence"] == 0
+        attributes = {k: v["StringValue"] for k, v in message["MessageAttributes"].items()}
+        assert attributes == {
+            "tool": "publishAlert",
+            "source": "github",
+            "event_id": body["event"]["id"],
+        }
+        received[group].append(body["event"]["id"])
+    assert received == sent  # per-repository arrival order, each event once
+    # Every publish the gateway made (standard queue sees duplicates too): exactly six.
+    assert len(sns.receive(sns.all_url, expected=6)) == 6
+    assert sns.drain_extra(sns.all_url) == []
+    assert len(fake_claude.behaviour.requests) == 6
+
+    async def audit() -> None:
+        engine = create_engine(database_url)
+        async with session_factory(engine)() as session:
+            calls = (await session.scalars(select(LlmCallRow))).all()
+            events = (await session.scalars(select(EventRow))).all()
+            outbox = (await session.scalars(select(OutboxRow))).all()
+        await engine.dispose()
+        assert len(calls) == 6
+        assert {c.status for c in calls} == {"ok"}
+        assert all(c.request_id and c.request_id.startswith("req_fake_") for c in calls)
+        assert all(c.input_tokens > 0 and c.output_tokens == 40 for c in calls)
+        assert {e.status for e in events} == {"published"}
+        assert all(o.sns_message_id for o in outbox)
+
+    deadline = time.monotonic() + 10
+    while True:  # the relay marks events published just after SNS accepted them
+        try:
+            asyncio.run(audit())
+            break
+        except AssertionError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
