@@ -18,11 +18,13 @@ GROUP = b"eventgate"
 
 # Dedup and enqueue in one atomic step: a 2xx is only sent once the XADD has happened, and a
 # redelivery finds the first event id under the dedup key.
+# KEYS[3] marks the event as queued (for the admin API) until the worker has stored it.
 _ENQUEUE = """
 local existing = redis.call('GET', KEYS[1])
 if existing then return {0, existing} end
 redis.call('XADD', KEYS[2], '*', 'e', ARGV[3])
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+redis.call('SET', KEYS[3], '1', 'PX', ARGV[2])
 return {1, ARGV[1]}
 """
 
@@ -57,6 +59,17 @@ class EventQueue:
         digest = hashlib.sha256(f"{source}\0{delivery_id}".encode()).hexdigest()[:32]
         return f"{self.prefix}:{{p{partition}}}:dedup:{digest}"
 
+    def queued_marker_key(self, partition: int, event_id: str) -> str:
+        return f"{self.prefix}:{{p{partition}}}:queued:{event_id}"
+
+    async def is_queued(self, event_id: str) -> bool:
+        """True while the event is on a stream and not yet stored by a worker."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for partition in range(self.partitions):
+                pipe.exists(self.queued_marker_key(partition, event_id))
+            found = await pipe.execute()
+        return any(found)
+
     async def enqueue(
         self,
         *,
@@ -68,7 +81,11 @@ class EventQueue:
         dedup_window_ms: int,
     ) -> EnqueueResult:
         partition = self.partition_of(group_key)
-        keys = [self.dedup_key(partition, source, delivery_id), self.stream_key(partition)]
+        keys = [
+            self.dedup_key(partition, source, delivery_id),
+            self.stream_key(partition),
+            self.queued_marker_key(partition, event_id),
+        ]
         created, stored_id = await self._enqueue(keys=keys, args=[event_id, dedup_window_ms, data])
         return EnqueueResult(
             stored_id.decode() if isinstance(stored_id, bytes) else stored_id, bool(created)
@@ -121,11 +138,13 @@ class EventQueue:
             if cursor in (b"0-0", "0-0"):
                 return claimed
 
-    async def ack(self, entry: StreamEntry) -> None:
+    async def ack(self, entry: StreamEntry, event_id: str | None = None) -> None:
         key = self.stream_key(entry.partition)
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.xack(key, GROUP, entry.entry_id)
             pipe.xdel(key, entry.entry_id)
+            if event_id is not None:
+                pipe.delete(self.queued_marker_key(entry.partition, event_id))
             await pipe.execute()
 
     async def depth(self) -> int:

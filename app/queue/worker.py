@@ -123,5 +123,5 @@ class QueueWorker:
     async def _handle(self, item: tuple[StreamEntry, Event]) -> None:
         entry, event = item
         await self.process(event)
-        await self.queue.ack(entry)
+        await self.queue.ack(entry, event.id)
         self._held.discard((entry.partition, entry.entry_id))
