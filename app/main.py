@@ -4,6 +4,7 @@ close everything on exit."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import uuid
@@ -24,9 +25,11 @@ from app.llm.client import ClaudeClient
 from app.llm.pipeline import EventProcessor
 from app.observability.logging import configure_logging
 from app.observability.router import router as health_router
-from app.publish.relay import OutboxRelay, RelayLease
+from app.publish.relay import OutboxRelay, PublishedMemory, RelayLease
 from app.publish.sns import SnsPublisher
+from app.queue.backlog import BacklogMonitor
 from app.queue.connection import connect_redis
+from app.queue.leases import PartitionLeases
 from app.queue.streams import EventQueue
 from app.queue.worker import QueueWorker
 from app.settings import Settings
@@ -97,6 +100,11 @@ async def _build_state(
         sessions=session_factory(engine),
         redis=redis,
         queue=queue,
+        backlog=BacklogMonitor(
+            queue,
+            max_depth=settings.backlog_max_depth,
+            max_age_seconds=settings.backlog_max_age_seconds,
+        ),
         ingest=IngestService(
             config=config,
             queue=queue,
@@ -127,6 +135,11 @@ def _build_worker(state: AppState) -> None:
             sessions=state.sessions,
             publisher=state.publisher,
             lease=RelayLease(state.redis, key=f"{settings.redis_prefix}:relay-lease", owner=owner),
+            memory=PublishedMemory(
+                state.redis,
+                prefix=settings.redis_prefix,
+                window_seconds=settings.publish_dedup_window_seconds,
+            ),
             poll_seconds=settings.relay_poll_seconds,
         )
     if state.claude is None:
@@ -143,14 +156,22 @@ def _build_worker(state: AppState) -> None:
     )
     state.worker = QueueWorker(
         queue=state.queue,
+        leases=PartitionLeases(
+            state.redis,
+            prefix=settings.redis_prefix,
+            partitions=settings.partitions,
+            owner=owner,
+            ttl_ms=settings.lease_ttl_ms,
+        ),
         process=processor.process,
         consumer=owner,
         concurrency=settings.llm_max_concurrency,
-        reclaim_idle_ms=settings.reclaim_idle_ms,
+        grace_seconds=settings.shutdown_grace_seconds,
     )
 
 
 def _start_loops(state: AppState) -> None:
+    state.tasks.append(asyncio.create_task(state.backlog.run(), name="backlog"))
     if state.worker is not None:
         state.tasks.append(asyncio.create_task(state.worker.run(), name="worker"))
     if state.relay is not None:
@@ -158,8 +179,13 @@ def _start_loops(state: AppState) -> None:
 
 
 async def _stop_loops(state: AppState) -> None:
-    if state.worker is not None:
+    """Stop taking work; give in-flight events the grace period; then cancel the rest."""
+    worker_task = next((t for t in state.tasks if t.get_name() == "worker"), None)
+    if state.worker is not None and worker_task is not None:
         state.worker.stop()
+        grace = state.settings.shutdown_grace_seconds + 5
+        with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+            await asyncio.wait_for(asyncio.shield(worker_task), grace)
     for task in state.tasks:
         task.cancel()
     await asyncio.gather(*state.tasks, return_exceptions=True)

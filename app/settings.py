@@ -35,8 +35,13 @@ class Settings(BaseSettings):
     llm_max_tokens: int = Field(default=1024, ge=1)
     # Stream deliveries of one event before it is dead-lettered as poison.
     max_deliveries: int = Field(default=5, ge=1)
-    # A pending entry idle this long is reclaimed and processed again.
-    reclaim_idle_ms: int = Field(default=60_000, ge=100)
+    # A dead owner's partitions are taken over within about this long.
+    lease_ttl_ms: int = Field(default=10_000, ge=500)
+    # Backpressure: ingest answers 503 past either limit (0 turns a limit off).
+    backlog_max_depth: int = Field(default=100_000, ge=0)
+    backlog_max_age_seconds: float = Field(default=0, ge=0)
+    # Published dedup ids are remembered this long (SNS itself forgets after 5 minutes).
+    publish_dedup_window_seconds: int = Field(default=24 * 3600, ge=1)
 
     shutdown_grace_seconds: float = Field(default=20.0, ge=0)
 

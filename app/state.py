@@ -14,6 +14,7 @@ from app.ingest.service import IngestService
 from app.llm.client import ClaudeClient
 from app.publish.relay import OutboxRelay
 from app.publish.sns import SnsPublisher
+from app.queue.backlog import BacklogMonitor
 from app.queue.streams import EventQueue
 from app.queue.worker import QueueWorker
 from app.settings import Settings
@@ -28,6 +29,7 @@ class AppState:
     sessions: async_sessionmaker[AsyncSession]
     redis: Redis
     queue: EventQueue
+    backlog: BacklogMonitor
     ingest: IngestService
     claude: ClaudeClient | None = None
     publisher: SnsPublisher | None = None

@@ -8,12 +8,14 @@ import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from moto.server import ThreadedMotoServer
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from app.settings import Settings
 from app.store.db import create_engine, session_factory
 from app.store.migrate import upgrade_head
 from app.testing.fake_anthropic import FakeAnthropicServer, FakeBehaviour
@@ -128,3 +130,21 @@ def fake_claude(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeAnthropicServer
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-test-key-not-real")
     yield server
     server.stop()
+
+
+@pytest.fixture
+def make_settings(redis_url: str, redis_prefix: str, database_url: str) -> Any:
+    """Settings for an in-process gateway on this test's Redis prefix and database."""
+
+    def build(**overrides: Any) -> Settings:
+        values: dict[str, Any] = {
+            "redis_url": redis_url,
+            "redis_prefix": redis_prefix,
+            "database_url": database_url,
+            "auto_migrate": False,
+            "log_format": "json",
+        }
+        values.update(overrides)
+        return Settings(**values)
+
+    return build

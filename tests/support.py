@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import boto3
+import httpx
 import orjson
 import uvicorn
 
@@ -140,3 +146,74 @@ class SnsFixture:
     def drain_extra(self, url: str) -> list[dict[str, Any]]:
         """Whatever else arrives within a short quiet period (to prove nothing more came)."""
         return self.receive(url, expected=10_000, timeout=2)
+
+
+class GatewayProcess:
+    """`python -m app <role>` as a real process on a free port, logging JSON to a file."""
+
+    def __init__(self, *, env: dict[str, str], log_path: Path, role: str = "serve") -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self._log = log_path.open("wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "app", role, "--port", str(self.port)],
+            env={**os.environ, "EVENTGATE_LOG_FORMAT": "json", **env},
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def wait_ready(self, timeout: float = 60, path: str = "/readyz") -> GatewayProcess:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"gateway exited:\n{self.log_path.read_text()}")
+            try:
+                if httpx.get(f"{self.url}{path}", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"gateway not ready:\n{self.log_path.read_text()}")
+
+    def stop(self, timeout: float = 30) -> int:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        try:
+            return self.proc.wait(timeout=timeout)
+        finally:
+            self._log.close()
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def log_events(self) -> list[dict[str, Any]]:
+        events = []
+        for line in self.log_path.read_text().splitlines():
+            if line.startswith("{"):
+                events.append(orjson.loads(line))
+        return events
+
+
+def gateway_config(topic_arn: str, *, secret_var: str = "E2E_GITHUB_SECRET") -> str:  # noqa: S107
+    return f"""
+sources:
+  github:
+    type: github
+    secret: ${{{secret_var}}}
+    pipeline: triage
+pipelines:
+  triage:
+    model: claude-sonnet-4-5
+    system: You triage GitHub events.
+    tools: [publishAlert]
+tools:
+  publishAlert:
+    description: Raise an alert.
+    input_schema:
+      type: object
+      properties: {{severity: {{type: string, enum: [high, low]}}, title: {{type: string}}}}
+      required: [severity, title]
+    topic_arn: {topic_arn}
+"""

@@ -4,9 +4,6 @@ with `eventgate serve` running as a real process configured only through its env
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,32 +16,9 @@ from sqlalchemy import select
 from app.store.db import create_engine, session_factory
 from app.store.models import EventRow, LlmCallRow, OutboxRow
 from app.testing.fake_anthropic import FakeAnthropicServer
-from tests.support import SnsFixture, free_port, github_request, issue_payload
+from tests.support import GatewayProcess, SnsFixture, gateway_config, github_request, issue_payload
 
 SECRET = "e2e-github-secret"
-
-
-def _config(topic_arn: str) -> str:
-    return f"""
-sources:
-  github:
-    type: github
-    secret: ${{E2E_GITHUB_SECRET}}
-    pipeline: triage
-pipelines:
-  triage:
-    model: claude-sonnet-4-5
-    system: You triage GitHub events.
-    tools: [publishAlert]
-tools:
-  publishAlert:
-    description: Raise an alert.
-    input_schema:
-      type: object
-      properties: {{severity: {{type: string, enum: [high, low]}}, title: {{type: string}}}}
-      required: [severity, title]
-    topic_arn: {topic_arn}
-"""
 
 
 @pytest.fixture
@@ -58,53 +32,30 @@ def gateway(
     moto_endpoint: str,
 ) -> Iterator[str]:
     config = tmp_path / "eventgate.yaml"
-    config.write_text(_config(sns.topic_arn))
-    port = free_port()
-    env = {
-        **os.environ,
-        "E2E_GITHUB_SECRET": SECRET,
-        "EVENTGATE_CONFIG": str(config),
-        "EVENTGATE_REDIS_URL": redis_url,
-        "EVENTGATE_REDIS_PREFIX": redis_prefix,
-        "EVENTGATE_DATABASE_URL": database_url,
-        "EVENTGATE_LOG_FORMAT": "json",
-        "ANTHROPIC_BASE_URL": fake_claude.base_url,
-        "ANTHROPIC_API_KEY": "sk-ant-e2e-not-real",
-        "AWS_ENDPOINT_URL_SNS": moto_endpoint,
-    }
-    log_path = tmp_path / "gateway.log"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "app", "serve", "--port", str(port)],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        url = f"http://127.0.0.1:{port}"
-        try:
-            _wait_ready(url, proc, log_path)
-            yield url
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+    config.write_text(gateway_config(sns.topic_arn))
+    process = GatewayProcess(
+        log_path=tmp_path / "gateway.log",
+        env={
+            "E2E_GITHUB_SECRET": SECRET,
+            "EVENTGATE_CONFIG": str(config),
+            "EVENTGATE_REDIS_URL": redis_url,
+            "EVENTGATE_REDIS_PREFIX": redis_prefix,
+            "EVENTGATE_DATABASE_URL": database_url,
+            "ANTHROPIC_BASE_URL": fake_claude.base_url,
+            "ANTHROPIC_API_KEY": "sk-ant-e2e-not-real",
+            "AWS_ENDPOINT_URL_SNS": moto_endpoint,
+        },
+    )
+    try:
+        yield process.wait_ready().url
+    finally:
+        # uvicorn re-raises SIGTERM after its graceful shutdown: -15 is a clean exit here.
+        assert process.stop() in (0, -15)
+    assert any(e["event"] == "worker_stopped" for e in process.log_events())
     # No secret reaches the gateway's log.
-    text = log_path.read_text()
+    text = process.log_path.read_text()
     assert SECRET not in text
     assert "sk-ant-e2e-not-real" not in text
-
-
-def _wait_ready(url: str, proc: subprocess.Popen[bytes], log_path: Path) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"gateway exited:\n{log_path.read_text()}")
-        try:
-            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"gateway not ready:\n{log_path.read_text()}")
 
 
 def test_signed_webhooks_reach_the_fifo_subscriber_in_order_once(

@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from app.deps import IngestServiceDep
+from app.deps import IngestServiceDep, StateDep
 from app.errors import error_body
 from app.ingest.exceptions import PayloadTooLarge
 from app.ingest.schemas import IngestResponse
@@ -25,7 +25,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         (404, "UnknownSource", "no source named 'x' is configured"),
         (413, "PayloadTooLarge", "body is larger than 5242880 bytes"),
         (415, "UnsupportedMediaType", "expected application/json"),
-        (503, "QueueUnavailable", "the event queue is unreachable; retry later"),
+        (503, "QueueUnavailable", "the event queue is unreachable or full; retry later"),
     ]
 }
 
@@ -54,13 +54,16 @@ async def read_limited(request: Request, limit: int) -> bytes:
         **_ERRORS,
     },
 )
-async def receive_webhook(source: str, request: Request, service: IngestServiceDep) -> JSONResponse:
+async def receive_webhook(
+    source: str, request: Request, service: IngestServiceDep, state: StateDep
+) -> JSONResponse:
     """Verify, deduplicate and durably queue one webhook delivery.
 
     202 means the event is on the queue. A redelivery of an event already queued gets 200
     with the original `event_id`; a GitHub `ping` gets 200 and is not queued.
     """
     registered = service.source(source)
+    state.backlog.check()
     body = await read_limited(request, registered.max_body_bytes)
     outcome = await service.ingest(registered, request.headers, body)
     code = 202 if outcome.status == "queued" else 200

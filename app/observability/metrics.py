@@ -9,6 +9,9 @@ WEBHOOKS_RECEIVED = Counter(
     "eventgate_webhooks_received_total", "Webhook deliveries by outcome", ["source", "outcome"]
 )
 QUEUE_DEPTH = Gauge("eventgate_queue_depth", "Entries on the partition streams")
+QUEUE_OLDEST_AGE = Gauge(
+    "eventgate_queue_oldest_age_seconds", "Age of the oldest entry on the partition streams"
+)
 LLM_REQUESTS = Counter(
     "eventgate_llm_requests_total", "Claude API attempts by outcome", ["model", "outcome"]
 )

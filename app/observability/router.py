@@ -12,7 +12,6 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
 from app.deps import StateDep
-from app.observability.metrics import QUEUE_DEPTH
 from app.state import AppState
 
 router = APIRouter(tags=["health"])
@@ -36,6 +35,7 @@ async def readiness(state: AppState) -> dict[str, str]:
     checks = {
         "redis": await _check(state.redis.ping()),
         "database": await _check(_ping_db(state)),
+        "backlog": state.backlog.overloaded or "ok",
         "llm": "ok"
         if state.claude is not None
         else "not configured: set ANTHROPIC_API_KEY (events are accepted and stay queued)",
@@ -70,7 +70,7 @@ async def readyz(state: StateDep) -> JSONResponse:
 @router.get("/metrics", response_class=Response)
 async def metrics(state: StateDep) -> Response:
     """Prometheus text format."""
-    # A scrape must not fail because Redis is slow: the gauge keeps its last value.
+    # A scrape must not fail because Redis is slow: the gauges keep their last values.
     with contextlib.suppress(Exception):
-        QUEUE_DEPTH.set(await asyncio.wait_for(state.queue.depth(), 2.0))
+        await asyncio.wait_for(state.backlog.refresh(), 2.0)
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)

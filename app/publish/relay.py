@@ -23,7 +23,7 @@ from redis.exceptions import RedisError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.observability.metrics import DEAD_LETTERS, END_TO_END, EVENTS_FINISHED, PUBLISHED
-from app.publish.sns import OutgoingMessage, Publisher, PublishError
+from app.publish.sns import OutgoingMessage, Published, Publisher, PublishError
 from app.store.models import EventStatus, OutboxRow
 from app.store.repository import DeadLetterRepository, EventRepository, OutboxRepository
 
@@ -66,6 +66,34 @@ class RelayLease:
             )
 
 
+class PublishedMemory:
+    """Dedup ids published in the last ``window_seconds`` (SNS FIFO forgets after 5 minutes).
+
+    A relay that crashed after SNS accepted a message but before the row was marked finds the
+    id here and marks the row instead of publishing it a second time.
+    """
+
+    def __init__(self, redis: Redis, *, prefix: str, window_seconds: int) -> None:
+        self.redis = redis
+        self.prefix = prefix
+        self.window_seconds = window_seconds
+
+    def _key(self, dedup_id: str) -> str:
+        return f"{self.prefix}:published:{dedup_id}"
+
+    async def recall(self, dedup_id: str) -> str | None:
+        """None when unknown — or when Redis cannot say (SNS's own 5-minute dedup remains)."""
+        try:
+            value = await self.redis.get(self._key(dedup_id))
+        except (RedisError, OSError):
+            return None
+        return value.decode() if isinstance(value, bytes) else value
+
+    async def remember(self, dedup_id: str, message_id: str) -> None:
+        with contextlib.suppress(RedisError, OSError):
+            await self.redis.set(self._key(dedup_id), message_id, ex=self.window_seconds)
+
+
 class OutboxRelay:
     def __init__(
         self,
@@ -73,6 +101,7 @@ class OutboxRelay:
         sessions: async_sessionmaker[AsyncSession],
         publisher: Publisher,
         lease: RelayLease | None,
+        memory: PublishedMemory | None,
         poll_seconds: float,
         batch_size: int = 200,
         group_concurrency: int = 32,
@@ -81,6 +110,7 @@ class OutboxRelay:
         self.sessions = sessions
         self.publisher = publisher
         self.lease = lease
+        self.memory = memory
         self.poll_seconds = poll_seconds
         self.batch_size = batch_size
         self.max_backoff = max_backoff
@@ -146,13 +176,20 @@ class OutboxRelay:
             },
         )
         topic = row.topic_arn.rsplit(":", 1)[-1]
-        try:
-            result = await self.publisher.publish(message)
-        except PublishError as exc:
-            PUBLISHED.labels(topic=topic, outcome="retry" if exc.retryable else "dead").inc()
-            await self._failed(row, exc)
-            return not exc.retryable
-        PUBLISHED.labels(topic=topic, outcome="published").inc()
+        remembered = await self.memory.recall(row.dedup_id) if self.memory else None
+        if remembered is not None:
+            result = Published(remembered, None)
+            PUBLISHED.labels(topic=topic, outcome="already_published").inc()
+        else:
+            try:
+                result = await self.publisher.publish(message)
+            except PublishError as exc:
+                PUBLISHED.labels(topic=topic, outcome="retry" if exc.retryable else "dead").inc()
+                await self._failed(row, exc)
+                return not exc.retryable
+            PUBLISHED.labels(topic=topic, outcome="published").inc()
+            if self.memory is not None:
+                await self.memory.remember(row.dedup_id, result.message_id)
         self._backoff.pop(row.group_id, None)
         async with self.sessions() as session:
             outbox = OutboxRepository(session)

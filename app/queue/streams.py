@@ -7,6 +7,7 @@ of one partition live in the same Redis Cluster slot and one Lua call can touch 
 from __future__ import annotations
 
 import hashlib
+import time
 import zlib
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,15 @@ redis.call('XADD', KEYS[2], '*', 'e', ARGV[3])
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 redis.call('SET', KEYS[3], '1', 'PX', ARGV[2])
 return {1, ARGV[1]}
+"""
+
+# Fenced ack: a worker whose lease tenure ended (ARGV[3] no longer the lease value) cannot ack.
+_ACK = """
+if ARGV[3] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[3] then return 0 end
+redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
+redis.call('XDEL', KEYS[1], ARGV[2])
+redis.call('DEL', KEYS[2])
+return 1
 """
 
 
@@ -48,6 +58,7 @@ class EventQueue:
         self.prefix = prefix
         self.partitions = partitions
         self._enqueue = redis.register_script(_ENQUEUE)
+        self._ack = redis.register_script(_ACK)
 
     def partition_of(self, group_key: str) -> int:
         return zlib.crc32(group_key.encode()) % self.partitions
@@ -138,21 +149,30 @@ class EventQueue:
             if cursor in (b"0-0", "0-0"):
                 return claimed
 
-    async def ack(self, entry: StreamEntry, event_id: str | None = None) -> None:
-        key = self.stream_key(entry.partition)
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.xack(key, GROUP, entry.entry_id)
-            pipe.xdel(key, entry.entry_id)
-            if event_id is not None:
-                pipe.delete(self.queued_marker_key(entry.partition, event_id))
-            await pipe.execute()
+    async def ack(self, entry: StreamEntry, event_id: str, *, token: str | None = None) -> bool:
+        """Ack + delete the entry; with ``token``, only while that lease tenure still holds."""
+        result = await self._ack(
+            keys=[
+                self.stream_key(entry.partition),
+                self.queued_marker_key(entry.partition, event_id),
+                f"{self.prefix}:{{p{entry.partition}}}:lease",
+            ],
+            args=[GROUP, entry.entry_id, token or ""],
+        )
+        return bool(result)
 
-    async def depth(self) -> int:
+    async def backlog(self) -> tuple[int, float]:
+        """(entries on all streams, age in seconds of the oldest one; 0 when empty)."""
         async with self.redis.pipeline(transaction=False) as pipe:
             for partition in range(self.partitions):
                 pipe.xlen(self.stream_key(partition))
-            lengths = await pipe.execute()
-        return int(sum(lengths))
+                pipe.xrange(self.stream_key(partition), count=1)
+            replies = await pipe.execute()
+        depth = sum(int(n) for n in replies[0::2])
+        firsts = [int(r[0][0].split(b"-")[0]) for r in replies[1::2] if r]
+        if not firsts:
+            return depth, 0.0
+        return depth, max(0.0, time.time() - min(firsts) / 1000)
 
     def _entries(self, reply: Any) -> list[StreamEntry]:
         entries: list[StreamEntry] = []

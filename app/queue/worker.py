@@ -1,13 +1,20 @@
-"""The consumer loop: partition streams → key-ordered dispatcher → processor → ack.
+"""The consumer loop: leased partition streams → key-ordered dispatcher → processor → ack.
 
-An entry is acked only after ``process`` returned, i.e. after its outcome was committed.
-On start the worker first takes back entries left pending by an earlier run (crash or
-restart), so they are dispatched before anything newer of the same key.
+- Only partitions this process holds a lease on are read. On acquiring one, the entries its
+  previous owner left pending are claimed and dispatched before anything newer from it, so a
+  key's events keep their order across a takeover.
+- An entry is acked only after ``process`` returned (its outcome is committed), and the ack
+  is fenced by the lease token: after losing a lease this process can no longer ack, and it
+  skips the partition's remaining buffered entries (the new owner has them).
+- ``stop`` stops reading, lets in-flight events finish within the grace period, then gives
+  the leases back so other processes take over at once instead of after the lease TTL.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections import Counter
 from collections.abc import Awaitable, Callable
 
 import structlog
@@ -17,9 +24,11 @@ from redis.exceptions import RedisError
 from app.ingest.schemas import Event
 from app.observability.metrics import DEAD_LETTERS
 from app.queue.dispatcher import KeyOrderedDispatcher
+from app.queue.leases import PartitionLeases
 from app.queue.streams import EventQueue, StreamEntry
 
 log = structlog.get_logger(__name__)
+REDIS_ERRORS = (RedisError, OSError)
 
 
 class QueueWorker:
@@ -27,65 +36,103 @@ class QueueWorker:
         self,
         *,
         queue: EventQueue,
+        leases: PartitionLeases,
         process: Callable[[Event], Awaitable[None]],
         consumer: str,
         concurrency: int,
-        reclaim_idle_ms: int,
+        grace_seconds: float,
         max_buffered: int | None = None,
     ) -> None:
         self.queue = queue
+        self.leases = leases
         self.process = process
         self.consumer = consumer
-        self.reclaim_idle_ms = reclaim_idle_ms
-        self.partitions = list(range(queue.partitions))
+        self.grace_seconds = grace_seconds
+        self.tick_seconds = leases.ttl_ms / 4000
         self.dispatcher: KeyOrderedDispatcher[tuple[StreamEntry, Event]] = KeyOrderedDispatcher(
             self._handle,
             concurrency=concurrency,
             max_buffered=max_buffered or concurrency * 4,
         )
+        self.reading: set[int] = set()
         self._stopping = asyncio.Event()
-        # Entries handed to the dispatcher and not yet acked: a reclaim must not add them twice.
+        # Entries handed to the dispatcher and not yet done, and how many per partition.
         self._held: set[tuple[int, bytes]] = set()
+        self._in_flight: Counter[int] = Counter()
 
     async def run(self) -> None:
         self.dispatcher.start()
         try:
             await self._wait_for_redis()
-            await self._reclaim(min_idle_ms=self.reclaim_idle_ms)
-            last_reclaim = asyncio.get_running_loop().time()
+            next_tick = 0.0
+            loop = asyncio.get_running_loop()
             while not self._stopping.is_set():
-                now = asyncio.get_running_loop().time()
-                if now - last_reclaim > self.reclaim_idle_ms / 1000:
-                    await self._reclaim(min_idle_ms=self.reclaim_idle_ms)
-                    last_reclaim = now
-                await self._read_once()
+                if loop.time() >= next_tick:
+                    await self._rebalance()
+                    next_tick = loop.time() + self.tick_seconds
+                await self._read_once(block_ms=int(max(0.05, next_tick - loop.time()) * 1000))
         finally:
-            await self.dispatcher.stop()
+            await self._drain()
 
     def stop(self) -> None:
         self._stopping.set()
 
+    async def _drain(self) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.dispatcher.wait_idle(), self.grace_seconds)
+        await self.dispatcher.stop()
+        with contextlib.suppress(*REDIS_ERRORS):
+            await self.leases.release_all()
+        log.info("worker_stopped", unfinished=len(self._held))
+
     async def _wait_for_redis(self) -> None:
         delay = 0.5
-        while True:
+        while not self._stopping.is_set():
             try:
-                await self.queue.ensure_groups(self.partitions)
+                await self.queue.ensure_groups(list(range(self.queue.partitions)))
                 return
-            except (RedisError, OSError) as exc:
+            except REDIS_ERRORS as exc:
                 log.warning("queue_unreachable", error=type(exc).__name__, retry_in=delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 10)
 
-    async def _read_once(self) -> None:
+    async def _rebalance(self) -> None:
+        busy = {p for p, n in self._in_flight.items() if n > 0}
+        try:
+            changes = await self.leases.tick(busy=busy)
+        except REDIS_ERRORS as exc:
+            log.warning("lease_tick_failed", error=type(exc).__name__)
+            return
+        self.reading.difference_update(changes.lost)
+        for partition in changes.acquired:
+            try:
+                await self.queue.ensure_groups([partition])
+                pending = await self.queue.claim_pending(
+                    consumer=self.consumer, partition=partition, min_idle_ms=0
+                )
+            except REDIS_ERRORS as exc:
+                log.warning("claim_failed", partition=partition, error=type(exc).__name__)
+                await self.leases.release(partition)
+                continue
+            if pending:
+                log.info("pending_claimed", partition=partition, entries=len(pending))
+            for entry in pending:
+                await self._submit(entry)
+            self.reading.add(partition)
+
+    async def _read_once(self, *, block_ms: int) -> None:
         room = self.dispatcher.free_slots()
-        if room == 0:
-            await asyncio.sleep(0.05)
+        if room == 0 or not self.reading:
+            await asyncio.sleep(min(block_ms, 200) / 1000)
             return
         try:
             entries = await self.queue.read_new(
-                consumer=self.consumer, partitions=self.partitions, count=room, block_ms=1000
+                consumer=self.consumer,
+                partitions=sorted(self.reading),
+                count=room,
+                block_ms=block_ms,
             )
-        except (RedisError, OSError) as exc:
+        except REDIS_ERRORS as exc:
             log.warning("queue_read_failed", error=type(exc).__name__)
             await asyncio.sleep(1)
             await self._wait_for_redis()
@@ -93,35 +140,30 @@ class QueueWorker:
         for entry in entries:
             await self._submit(entry)
 
-    async def _reclaim(self, *, min_idle_ms: int) -> None:
-        for partition in self.partitions:
-            try:
-                entries = await self.queue.claim_pending(
-                    consumer=self.consumer, partition=partition, min_idle_ms=min_idle_ms
-                )
-            except (RedisError, OSError) as exc:
-                log.warning("queue_reclaim_failed", partition=partition, error=type(exc).__name__)
-                return
-            for entry in entries:
-                log.info("entry_reclaimed", partition=partition, entry=entry.entry_id.decode())
-                await self._submit(entry)
-
     async def _submit(self, entry: StreamEntry) -> None:
+        if (entry.partition, entry.entry_id) in self._held:
+            return
         try:
             event = Event.from_bytes(entry.data)
         except (ValidationError, ValueError):
-            # Only ingest writes these entries; an unreadable one cannot be processed, ever.
+            # Only ingest writes entries; one that cannot be read will never be processable.
             log.error("entry_unreadable", partition=entry.partition, entry=entry.entry_id.decode())
             DEAD_LETTERS.labels(stage="queue").inc()
-            await self.queue.ack(entry)
-            return
-        if (entry.partition, entry.entry_id) in self._held:
+            await self.queue.ack(entry, "", token=self.leases.tokens.get(entry.partition))
             return
         self._held.add((entry.partition, entry.entry_id))
+        self._in_flight[entry.partition] += 1
         await self.dispatcher.submit(event.group_key, (entry, event))
 
     async def _handle(self, item: tuple[StreamEntry, Event]) -> None:
+        """Raising leaves the item in place: the dispatcher retries it before its key moves on."""
         entry, event = item
-        await self.process(event)
-        await self.queue.ack(entry, event.id)
+        if await self.leases.still_owns(entry.partition):
+            await self.process(event)
+            token = self.leases.tokens.get(entry.partition)
+            if token is None or not await self.queue.ack(entry, event.id, token=token):
+                log.warning("ack_fenced", partition=entry.partition, event_id=event.id)
+        else:
+            log.info("entry_skipped_lease_lost", partition=entry.partition, event_id=event.id)
         self._held.discard((entry.partition, entry.entry_id))
+        self._in_flight[entry.partition] -= 1

@@ -1,0 +1,107 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from app.cli import app as cli
+from app.config import ConfigError, load_config, parse_config
+
+GOOD = """
+sources:
+  gh: {type: github, secret: "${GH_SECRET}", pipeline: p}
+  am: {type: alertmanager, token: "${AM_TOKEN:-fallback}", pipeline: p}
+pipelines:
+  p: {model: claude-sonnet-4-5, system: triage, tools: [alert]}
+tools:
+  alert:
+    description: Raise an alert.
+    input_schema: {type: object, properties: {title: {type: string}}, required: [title]}
+    topic_arn: arn:aws:sns:us-east-1:123456789012:alerts.fifo
+"""
+
+
+def test_env_interpolation_with_and_without_default() -> None:
+    config = parse_config(GOOD, env={"GH_SECRET": "s3cret"})
+    assert config.sources["gh"].secret is not None
+    assert config.sources["gh"].secret.get_secret_value() == "s3cret"
+    assert config.sources["am"].token is not None
+    assert config.sources["am"].token.get_secret_value() == "fallback"
+    assert config.tools["alert"].topic_arn == "arn:aws:sns:us-east-1:123456789012:alerts.fifo"
+
+
+def test_missing_variable_names_the_key() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(GOOD, env={})
+    assert info.value.errors == ["sources.gh.secret: environment variable GH_SECRET is not set"]
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (("pipeline: p}", "pipeline: nope}"), "sources.gh.pipeline: unknown pipeline 'nope'"),
+        (("tools: [alert]", "tools: [alert, ghost]"), "pipelines.p.tools: unknown tool 'ghost'"),
+        (("alerts.fifo", "alerts"), "tools.alert.topic_arn: 'arn:aws:sns:us-east-1:123456789012"),
+        (("type: github", "type: gitlab"), "sources.gh.type: Input should be"),
+        (
+            ("{type: object, properties", "{type: array, properties"),
+            "tools.alert.input_schema: input_schema must have type: object",
+        ),
+        (('secret: "${GH_SECRET}", ', ""), "sources.gh: a 'github' source needs 'secret'"),
+        (("model: claude-sonnet-4-5, ", ""), "pipelines.p.model: Field required"),
+    ],
+)
+def test_invalid_config_errors_name_the_bad_key(change: tuple[str, str], expected: str) -> None:
+    text = GOOD.replace(*change)
+    assert text != GOOD
+    with pytest.raises(ConfigError) as info:
+        parse_config(text, env={"GH_SECRET": "x"})
+    assert any(error.startswith(expected) for error in info.value.errors), info.value.errors
+
+
+def test_not_yaml_and_not_a_mapping() -> None:
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        parse_config("sources: [unclosed", env={})
+    with pytest.raises(ConfigError, match="must be a mapping"):
+        parse_config("- a list", env={})
+
+
+def test_builtin_config_is_valid_and_has_the_example_sources() -> None:
+    config = load_config(None, env={})
+    assert {name: s.type for name, s in config.sources.items()} == {
+        "github": "github",
+        "alerts": "alertmanager",
+        "sensors": "standard-webhooks",
+    }
+    assert config.pipelines["triage"].tools == ["publishAlert", "publishNotification"]
+    assert all(tool.topic_arn is None for tool in config.tools.values())
+
+
+def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "absent.yaml")
+
+
+def test_check_config_prints_sources_pipelines_and_tools(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "eventgate.yaml"
+    path.write_text(GOOD)
+    monkeypatch.setenv("GH_SECRET", "from-env")
+    result = CliRunner().invoke(cli, ["check-config", "--config", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "gh: type github → pipeline p (POST /v1/webhooks/gh)" in result.output
+    assert "p: model claude-sonnet-4-5; tools alert" in result.output
+    assert "alert: topic arn:aws:sns:us-east-1:123456789012:alerts.fifo" in result.output
+    assert "from-env" not in result.output
+
+
+def test_check_config_reports_errors_with_exit_code_2(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(GOOD.replace("tools: [alert]", "tools: [ghost]"))
+    result = CliRunner().invoke(
+        cli, ["check-config", "--config", str(path)], env={"GH_SECRET": "x"}
+    )
+    assert result.exit_code == 2
+    assert "pipelines.p.tools: unknown tool 'ghost'" in result.output
