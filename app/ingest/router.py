@@ -66,6 +66,8 @@ async def receive_webhook(
     state.backlog.check()
     body = await read_limited(request, registered.max_body_bytes)
     outcome = await service.ingest(registered, request.headers, body)
+    if outcome.status == "queued":
+        state.backlog.record_enqueued()
     code = 202 if outcome.status == "queued" else 200
     body_out = {"event_id": outcome.event_id, "status": outcome.status}
     return JSONResponse(

@@ -140,7 +140,8 @@ class OutboxRelay:
                 await self.lease.release()
 
     async def publish_pending(self) -> int:
-        """One round over the oldest pending rows; returns how many were published."""
+        """One round over the oldest pending rows; returns how many were settled (published
+        or dead-lettered), so a caller can loop while there is progress."""
         async with self.sessions() as session:
             rows = await OutboxRepository(session).pending(limit=self.batch_size)
         groups: OrderedDict[str, list[OutboxRow]] = OrderedDict()

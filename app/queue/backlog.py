@@ -37,6 +37,10 @@ class BacklogMonitor:
             )
         return None
 
+    def record_enqueued(self, count: int = 1) -> None:
+        """Count this process's own enqueues between refreshes, so the limit holds tightly."""
+        self.depth += count
+
     def check(self) -> None:
         reason = self.overloaded
         if reason is not None:

@@ -1,0 +1,110 @@
+"""Partition leases on real Redis (fakeredis when none is reachable)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from redis.asyncio import Redis
+
+from app.queue.connection import connect_redis
+from app.queue.leases import PartitionLeases
+from app.queue.streams import EventQueue, StreamEntry
+
+
+@pytest.fixture
+async def redis(redis_url: str, redis_prefix: str) -> AsyncIterator[Redis]:
+    client = connect_redis(redis_url)
+    yield client
+    keys = [k async for k in client.scan_iter(match=f"{redis_prefix}:*")]
+    if keys:
+        await client.delete(*keys)
+    await client.aclose()
+
+
+def _leases(redis: Redis, prefix: str, owner: str, ttl_ms: int = 600) -> PartitionLeases:
+    return PartitionLeases(redis, prefix=prefix, partitions=8, owner=owner, ttl_ms=ttl_ms)
+
+
+async def test_partitions_spread_over_live_members_and_never_overlap(
+    redis: Redis, redis_prefix: str
+) -> None:
+    a, b = _leases(redis, redis_prefix, "a"), _leases(redis, redis_prefix, "b")
+    await a.tick()
+    assert a.owned() == list(range(8))  # alone: it takes everything
+    await b.tick()  # b joins: sees 2 members, but all partitions are taken
+    assert b.owned() == []
+    await a.tick()  # a gives back what is over its share
+    await b.tick()
+    assert len(a.owned()) == 4
+    assert len(b.owned()) == 4
+    assert set(a.owned()).isdisjoint(b.owned())
+
+
+async def test_busy_partitions_are_not_given_back(redis: Redis, redis_prefix: str) -> None:
+    a, b = _leases(redis, redis_prefix, "a"), _leases(redis, redis_prefix, "b")
+    await a.tick()
+    await b.tick()
+    await a.tick(busy=set(range(8)))
+    assert len(a.owned()) == 8
+
+
+async def test_dead_owner_partitions_are_taken_over_after_the_ttl(
+    redis: Redis, redis_prefix: str
+) -> None:
+    a, b = _leases(redis, redis_prefix, "a"), _leases(redis, redis_prefix, "b")
+    await a.tick()
+    await b.tick()
+    assert b.owned() == []
+    # a dies: no more ticks. Until its leases expire, b cannot take them.
+    await b.tick()
+    assert b.owned() == []
+    await asyncio.sleep(0.7)
+    await b.tick()
+    assert b.owned() == list(range(8))
+    # The old tenure is over: a cannot renew and finds out on its next tick.
+    assert not await a.still_owns(0)
+    changes = await a.tick()
+    assert sorted(changes.lost) == list(range(8))
+    assert a.owned() == []
+
+
+async def test_each_acquisition_is_a_new_epoch_and_release_all_leaves(
+    redis: Redis, redis_prefix: str
+) -> None:
+    a = _leases(redis, redis_prefix, "a")
+    await a.tick()
+    first = a.tokens[0]
+    await a.release_all()
+    assert a.owned() == []
+    assert await redis.zscore(a.members_key, "a") is None
+    await a.tick()
+    assert a.tokens[0] != first
+    assert a.tokens[0].startswith("a:")
+
+
+async def test_ack_is_fenced_by_the_lease_token(redis: Redis, redis_prefix: str) -> None:
+    queue = EventQueue(redis, prefix=redis_prefix, partitions=8)
+    a, b = _leases(redis, redis_prefix, "a"), _leases(redis, redis_prefix, "b")
+    await queue.enqueue(
+        event_id="e1",
+        source="s",
+        delivery_id="d1",
+        group_key="k",
+        data=b"{}",
+        dedup_window_ms=60_000,
+    )
+    partition = queue.partition_of("k")
+    await queue.ensure_groups([partition])
+    [entry] = await queue.read_new(consumer="a", partitions=[partition], count=10, block_ms=10)
+    await a.tick()
+    stale = a.tokens[partition]
+    await redis.delete(a.lease_key(partition))  # a's tenure ends; b takes the partition
+    await b.tick()
+    assert partition in b.owned()
+    assert not await queue.ack(entry, "e1", token=stale)
+    assert await redis.xlen(queue.stream_key(partition)) == 1
+    assert await queue.ack(entry, "e1", token=b.tokens[partition])
+    assert await redis.xlen(queue.stream_key(partition)) == 0
+    assert isinstance(entry, StreamEntry)

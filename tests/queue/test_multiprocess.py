@@ -1,0 +1,208 @@
+"""Several `eventgate serve` processes on one Redis and one Postgres; one is SIGKILLed
+mid-stream. Asserted at the SQS FIFO subscriber: every accepted event exactly once, in
+arrival order per key. Also: graceful SIGTERM hands partitions over at once."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+from redis import Redis
+
+from app.testing.fake_anthropic import FakeAnthropicServer
+from tests.conftest import HAVE_POSTGRES, HAVE_REDIS, REDIS_URL
+from tests.support import GatewayProcess, SnsFixture, gateway_config, github_request, issue_payload
+
+pytestmark = pytest.mark.skipif(
+    not (HAVE_REDIS and HAVE_POSTGRES),
+    reason="needs a real Redis and PostgreSQL shared by processes",
+)
+SECRET = "mp-github-secret"
+
+
+@pytest.fixture
+def start_gateway(
+    tmp_path: Path,
+    sns: SnsFixture,
+    fake_claude: FakeAnthropicServer,
+    redis_prefix: str,
+    database_url: str,
+    moto_endpoint: str,
+) -> Iterator[Callable[[str], GatewayProcess]]:
+    config = tmp_path / "eventgate.yaml"
+    config.write_text(gateway_config(sns.topic_arn))
+    started: list[GatewayProcess] = []
+
+    def start(name: str) -> GatewayProcess:
+        process = GatewayProcess(
+            log_path=tmp_path / f"{name}.log",
+            env={
+                "E2E_GITHUB_SECRET": SECRET,
+                "EVENTGATE_CONFIG": str(config),
+                "EVENTGATE_REDIS_URL": REDIS_URL,
+                "EVENTGATE_REDIS_PREFIX": redis_prefix,
+                "EVENTGATE_DATABASE_URL": database_url,
+                "EVENTGATE_AUTO_MIGRATE": "false",
+                "EVENTGATE_LLM_MAX_CONCURRENCY": "8",
+                "EVENTGATE_SHUTDOWN_GRACE_SECONDS": "10",
+                "ANTHROPIC_BASE_URL": fake_claude.base_url,
+                "ANTHROPIC_API_KEY": "sk-ant-mp",
+                "AWS_ENDPOINT_URL_SNS": moto_endpoint,
+            },
+        )
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        process.stop()
+
+
+def _lease_owners(prefix: str, partitions: int = 16) -> list[str]:
+    client = Redis.from_url(REDIS_URL)
+    try:
+        values = [client.get(f"{prefix}:{{p{p}}}:lease") for p in range(partitions)]
+    finally:
+        client.close()
+    return [v.decode() if isinstance(v, bytes) else "" for v in values]
+
+
+async def _send_all(
+    urls: list[str], alive: Callable[[str], bool], keys: int, per_key: int
+) -> dict[str, list[str]]:
+    """Each key's events are sent one after another (its arrival order); keys in parallel.
+    A refused connection is retried on another process with the same delivery, as a load
+    balancer would."""
+    accepted: dict[str, list[str]] = {}
+
+    async def one_key(client: httpx.AsyncClient, k: int) -> None:
+        repo = f"acme/repo-{k:02d}"
+        accepted[repo] = []
+        for n in range(per_key):
+            body, headers = github_request(SECRET, issue_payload(repo, n))
+            for attempt in range(20):
+                targets = [u for u in urls if alive(u)]
+                url = targets[(k + n + attempt) % len(targets)]
+                try:
+                    reply = await client.post(
+                        f"{url}/v1/webhooks/github", content=body, headers=headers
+                    )
+                except httpx.TransportError:
+                    await asyncio.sleep(0.05)
+                    continue
+                if reply.status_code in (200, 202):
+                    event_id = reply.json()["event_id"]
+                    if event_id not in accepted[repo]:
+                        accepted[repo].append(event_id)
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                raise AssertionError(f"{repo} #{n} was never accepted")
+            await asyncio.sleep(0.01)
+
+    async with httpx.AsyncClient(timeout=10) as client:
+        await asyncio.gather(*(one_key(client, k) for k in range(keys)))
+    return accepted
+
+
+def test_sigkill_mid_stream_loses_nothing_duplicates_nothing_keeps_order(
+    start_gateway: Callable[[str], GatewayProcess],
+    sns: SnsFixture,
+    fake_claude: FakeAnthropicServer,
+    redis_prefix: str,
+) -> None:
+    fake_claude.behaviour.latency = 0.05
+    gateways = [start_gateway(f"gw{i}") for i in range(3)]
+    for gateway in gateways:
+        gateway.wait_ready()
+    victim = gateways[1]
+    victim_pid = str(victim.proc.pid)
+    killed: dict[str, float] = {}
+    keys, per_key = 30, 10
+
+    async def run() -> dict[str, list[str]]:
+        async def killer() -> None:
+            await asyncio.sleep(1.5)  # mid-stream: the victim holds leases and work
+            victim.kill()
+            killed["at"] = time.monotonic()
+
+        sending = asyncio.create_task(
+            _send_all(
+                [g.url for g in gateways],
+                lambda u: u != victim.url or "at" not in killed,
+                keys,
+                per_key,
+            )
+        )
+        await killer()
+        return await sending
+
+    accepted = asyncio.run(run())
+    total = sum(len(ids) for ids in accepted.values())
+    assert total == keys * per_key
+
+    # Takeover: the victim's leases are held by live processes again.
+    while any(f"-{victim_pid}-" in owner for owner in _lease_owners(redis_prefix)):
+        assert time.monotonic() - killed["at"] < 30, "leases were not taken over"
+        time.sleep(0.2)
+    takeover = time.monotonic() - killed["at"]
+
+    messages = sns.receive(sns.fifo_url, expected=total, timeout=90)
+    received: dict[str, list[str]] = {}
+    for message in messages:
+        body = orjson.loads(message["Body"])
+        assert message["Attributes"]["MessageGroupId"] == body["event"]["group_key"]
+        received.setdefault(body["event"]["group_key"], []).append(body["event"]["id"])
+    extra = sns.drain_extra(sns.fifo_url)
+    lost = total - len({i for ids in received.values() for i in ids})
+    duplicated = len(messages) + len(extra) - len({i for ids in received.values() for i in ids})
+    out_of_order = sum(1 for repo, ids in accepted.items() if received.get(repo) != ids)
+    all_publishes = len(sns.receive(sns.all_url, expected=total, timeout=30))
+    print(
+        f"\nmultiprocess: events={total} keys={keys} lost={lost} duplicated={duplicated} "
+        f"out_of_order_keys={out_of_order} sns_publishes={all_publishes} "
+        f"takeover_s={takeover:.1f} claude_calls={len(fake_claude.behaviour.requests)}"
+    )
+    assert extra == []
+    assert received == accepted  # exactly once, in arrival order per key
+    assert takeover < 20
+
+
+def test_sigterm_drains_and_hands_partitions_over(
+    start_gateway: Callable[[str], GatewayProcess],
+    sns: SnsFixture,
+    fake_claude: FakeAnthropicServer,
+    redis_prefix: str,
+) -> None:
+    fake_claude.behaviour.latency = 0.5
+    first = start_gateway("first").wait_ready()
+    body_headers = [github_request(SECRET, issue_payload(f"acme/r{k}", 1)) for k in range(6)]
+    for body, headers in body_headers:
+        assert (
+            httpx.post(f"{first.url}/v1/webhooks/github", content=body, headers=headers).status_code
+            == 202
+        )
+    time.sleep(0.3)  # the events are in flight at the slow fake Claude
+    second = start_gateway("second").wait_ready()
+    stopped_at = time.monotonic()
+    first.proc.terminate()
+    first.proc.wait(timeout=20)
+    drained_in = time.monotonic() - stopped_at
+    events = [e["event"] for e in first.log_events()]
+    assert "worker_stopped" in events
+    stop_line = next(e for e in first.log_events() if e["event"] == "worker_stopped")
+    assert stop_line["unfinished"] == 0  # in-flight events finished within the grace period
+    # Its leases were released, not left to expire: the second process owns them at once.
+    deadline = time.monotonic() + 6
+    successor = f"-{second.proc.pid}-"
+    while not all(successor in owner for owner in _lease_owners(redis_prefix)):
+        assert time.monotonic() < deadline, _lease_owners(redis_prefix)
+        time.sleep(0.2)
+    messages = sns.receive(sns.fifo_url, expected=6, timeout=30)
+    assert len(messages) == 6
+    assert drained_in < 10
