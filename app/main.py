@@ -25,7 +25,8 @@ from app.llm.client import ClaudeClient
 from app.llm.pipeline import EventProcessor
 from app.observability.logging import configure_logging
 from app.observability.router import router as health_router
-from app.publish.relay import OutboxRelay, PublishedMemory, RelayLease
+from app.publish.coordination import PublishedMemory, RelayLease
+from app.publish.relay import OutboxRelay
 from app.publish.sns import SnsPublisher
 from app.queue.backlog import BacklogMonitor
 from app.queue.connection import connect_redis

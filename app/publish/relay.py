@@ -1,9 +1,10 @@
-"""Outbox → SNS FIFO. Strictly in order per message group; groups in parallel.
+"""Outbox → SNS FIFO. Strictly in order per message group; groups batched together.
 
-Within one group the relay never has two publishes outstanding: the next row is sent only
-after the previous one is marked published. A group whose publish fails waits (with backoff)
-and keeps its place; retryable failures never drop a row, permanent ones dead-letter it.
-Across processes one relay holds the lease (Redis) at a time.
+Each round takes the head row of every ready group — never two rows of one group at once,
+so a group never has two unacknowledged publishes — and sends the heads with PublishBatch
+(≤10 entries, ≤256 KiB, per topic). A group whose head fails with a retryable error waits
+with backoff and keeps its place; a permanent error dead-letters that row and its group
+moves on. Across processes one relay holds the lease (Redis) at a time.
 """
 
 from __future__ import annotations
@@ -13,85 +14,22 @@ import contextlib
 import random
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 
 import orjson
 import structlog
-from redis.asyncio import Redis
-from redis.exceptions import RedisError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.observability.metrics import DEAD_LETTERS, END_TO_END, EVENTS_FINISHED, PUBLISHED
+from app.publish.coordination import PublishedMemory, RelayLease
 from app.publish.sns import OutgoingMessage, Published, Publisher, PublishError
 from app.store.models import EventStatus, OutboxRow
 from app.store.repository import DeadLetterRepository, EventRepository, OutboxRepository
 
 log = structlog.get_logger(__name__)
-
-_RENEW = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-return 0
-"""
-
-
-class RelayLease:
-    """One relay publishes at a time across all gateway processes."""
-
-    def __init__(self, redis: Redis, *, key: str, owner: str, ttl_ms: int = 15_000) -> None:
-        self.redis = redis
-        self.key = key
-        self.owner = owner
-        self.ttl_ms = ttl_ms
-        self._renew = redis.register_script(_RENEW)
-
-    async def hold(self) -> bool:
-        try:
-            if await self._renew(keys=[self.key], args=[self.owner, self.ttl_ms]):
-                return True
-            return bool(await self.redis.set(self.key, self.owner, nx=True, px=self.ttl_ms))
-        except (RedisError, OSError):
-            return False
-
-    async def release(self) -> None:
-        with contextlib.suppress(RedisError, OSError):  # it expires by itself
-            await self.redis.eval(
-                "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1])"
-                " end return 0",
-                1,
-                self.key,
-                self.owner,
-            )
-
-
-class PublishedMemory:
-    """Dedup ids published in the last ``window_seconds`` (SNS FIFO forgets after 5 minutes).
-
-    A relay that crashed after SNS accepted a message but before the row was marked finds the
-    id here and marks the row instead of publishing it a second time.
-    """
-
-    def __init__(self, redis: Redis, *, prefix: str, window_seconds: int) -> None:
-        self.redis = redis
-        self.prefix = prefix
-        self.window_seconds = window_seconds
-
-    def _key(self, dedup_id: str) -> str:
-        return f"{self.prefix}:published:{dedup_id}"
-
-    async def recall(self, dedup_id: str) -> str | None:
-        """None when unknown — or when Redis cannot say (SNS's own 5-minute dedup remains)."""
-        try:
-            value = await self.redis.get(self._key(dedup_id))
-        except (RedisError, OSError):
-            return None
-        return value.decode() if isinstance(value, bytes) else value
-
-    async def remember(self, dedup_id: str, message_id: str) -> None:
-        with contextlib.suppress(RedisError, OSError):
-            await self.redis.set(self._key(dedup_id), message_id, ex=self.window_seconds)
+BATCH_ENTRIES = 10
+BATCH_BYTES = 256 * 1024
 
 
 class OutboxRelay:
@@ -103,8 +41,7 @@ class OutboxRelay:
         lease: RelayLease | None,
         memory: PublishedMemory | None,
         poll_seconds: float,
-        batch_size: int = 200,
-        group_concurrency: int = 32,
+        fetch_size: int = 500,
         max_backoff: float = 30.0,
     ) -> None:
         self.sessions = sessions
@@ -112,9 +49,8 @@ class OutboxRelay:
         self.lease = lease
         self.memory = memory
         self.poll_seconds = poll_seconds
-        self.batch_size = batch_size
+        self.fetch_size = fetch_size
         self.max_backoff = max_backoff
-        self._slots = asyncio.Semaphore(group_concurrency)
         self._wake = asyncio.Event()
         # group id → (consecutive failures, monotonic time before which it is not retried)
         self._backoff: dict[str, tuple[int, float]] = {}
@@ -140,58 +76,69 @@ class OutboxRelay:
                 await self.lease.release()
 
     async def publish_pending(self) -> int:
-        """One round over the oldest pending rows; returns how many were settled (published
-        or dead-lettered), so a caller can loop while there is progress."""
+        """Publish the oldest pending rows; returns how many were settled (published or
+        dead-lettered), so a caller can loop while there is progress."""
         async with self.sessions() as session:
-            rows = await OutboxRepository(session).pending(limit=self.batch_size)
+            rows = await OutboxRepository(session).pending(limit=self.fetch_size)
+        now = time.monotonic()
         groups: OrderedDict[str, list[OutboxRow]] = OrderedDict()
         for row in rows:
-            groups.setdefault(row.group_id, []).append(row)
-        now = time.monotonic()
-        ready = [g for g in groups.values() if self._backoff.get(g[0].group_id, (0, 0))[1] <= now]
-        counts = await asyncio.gather(*(self._publish_group(g) for g in ready))
-        return sum(counts)
+            if self._backoff.get(row.group_id, (0, 0.0))[1] <= now:
+                groups.setdefault(row.group_id, []).append(row)
+        settled = 0
+        while groups:
+            heads = [queue[0] for queue in groups.values()]
+            outcomes = await self._publish_heads(heads)
+            for row in heads:
+                if outcomes[row.id]:
+                    settled += 1
+                    groups[row.group_id].pop(0)
+                    if not groups[row.group_id]:
+                        del groups[row.group_id]
+                else:
+                    del groups[row.group_id]  # retryable failure: the group waits
+        return settled
 
-    async def _publish_group(self, rows: Sequence[OutboxRow]) -> int:
-        published = 0
-        async with self._slots:
-            for row in rows:
-                if not await self._publish_row(row):
-                    break
-                published += 1
-        return published
+    async def _publish_heads(self, heads: Sequence[OutboxRow]) -> dict[int, bool]:
+        """Publish one row per group; True for rows that are settled."""
+        by_topic: dict[str, list[OutboxRow]] = {}
+        settled: dict[int, bool] = {}
+        for row in heads:
+            assert row.topic_arn is not None
+            remembered = await self.memory.recall(row.dedup_id) if self.memory else None
+            if remembered is not None:
+                await self._published(row, Published(remembered, None), replayed=True)
+                settled[row.id] = True
+            else:
+                by_topic.setdefault(row.topic_arn, []).append(row)
+        batches = [batch for rows in by_topic.values() for batch in _batches(rows)]
+        results = await asyncio.gather(*(self._publish_batch(batch) for batch in batches))
+        for result in results:
+            settled.update(result)
+        return settled
 
-    async def _publish_row(self, row: OutboxRow) -> bool:
-        """True when the row is done (published or dead); False stops its group this round."""
-        assert row.topic_arn is not None
-        body = orjson.loads(row.body)
-        message = OutgoingMessage(
-            topic_arn=row.topic_arn,
-            body=row.body,
-            group_id=row.group_id,
-            dedup_id=row.dedup_id,
-            attributes={
-                "tool": row.tool,
-                "source": body["event"]["source"],
-                "event_id": row.event_id,
-            },
-        )
-        topic = row.topic_arn.rsplit(":", 1)[-1]
-        remembered = await self.memory.recall(row.dedup_id) if self.memory else None
-        if remembered is not None:
-            result = Published(remembered, None)
-            PUBLISHED.labels(topic=topic, outcome="already_published").inc()
-        else:
-            try:
-                result = await self.publisher.publish(message)
-            except PublishError as exc:
-                PUBLISHED.labels(topic=topic, outcome="retry" if exc.retryable else "dead").inc()
-                await self._failed(row, exc)
-                return not exc.retryable
-            PUBLISHED.labels(topic=topic, outcome="published").inc()
-            if self.memory is not None:
-                await self.memory.remember(row.dedup_id, result.message_id)
+    async def _publish_batch(self, rows: list[OutboxRow]) -> dict[int, bool]:
+        results = await self.publisher.publish_batch([_message(row) for row in rows])
+        settled: dict[int, bool] = {}
+        for row, result in zip(rows, results, strict=True):
+            if isinstance(result, Published):
+                await self._published(row, result)
+                settled[row.id] = True
+            else:
+                await self._failed(row, result)
+                settled[row.id] = not result.retryable
+        return settled
+
+    async def _published(
+        self, row: OutboxRow, result: Published, *, replayed: bool = False
+    ) -> None:
+        topic = (row.topic_arn or "").rsplit(":", 1)[-1]
+        PUBLISHED.labels(
+            topic=topic, outcome="already_published" if replayed else "published"
+        ).inc()
         self._backoff.pop(row.group_id, None)
+        if self.memory is not None and not replayed:
+            await self.memory.remember(row.dedup_id, result.message_id)
         async with self.sessions() as session:
             outbox = OutboxRepository(session)
             await outbox.mark_published(
@@ -207,7 +154,6 @@ class OutboxRelay:
             group_id=row.group_id,
             message_id=result.message_id,
         )
-        return True
 
     async def _finish_event(self, session: AsyncSession, event_id: str) -> None:
         events = EventRepository(session)
@@ -222,6 +168,8 @@ class OutboxRelay:
         END_TO_END.observe((datetime.now(UTC) - received).total_seconds())
 
     async def _failed(self, row: OutboxRow, exc: PublishError) -> None:
+        topic = (row.topic_arn or "").rsplit(":", 1)[-1]
+        PUBLISHED.labels(topic=topic, outcome="retry" if exc.retryable else "dead").inc()
         async with self.sessions() as session:
             await OutboxRepository(session).mark_failed(
                 row.id, error=f"{exc.code}: {exc}"[:2000], dead=not exc.retryable
@@ -250,3 +198,30 @@ class OutboxRelay:
             )
         else:
             log.error("publish_dead_lettered", event_id=row.event_id, code=exc.code)
+
+
+def _message(row: OutboxRow) -> OutgoingMessage:
+    assert row.topic_arn is not None
+    source = orjson.loads(row.body)["event"]["source"]
+    return OutgoingMessage(
+        topic_arn=row.topic_arn,
+        body=row.body,
+        group_id=row.group_id,
+        dedup_id=row.dedup_id,
+        attributes={"tool": row.tool, "source": source, "event_id": row.event_id},
+    )
+
+
+def _batches(rows: list[OutboxRow]) -> Iterator[list[OutboxRow]]:
+    """Chunks of ≤10 entries and ≤256 KiB of message bodies and attributes."""
+    batch: list[OutboxRow] = []
+    size = 0
+    for row in rows:
+        row_size = len(row.body.encode()) + 200  # attributes and ids, generously
+        if batch and (len(batch) == BATCH_ENTRIES or size + row_size > BATCH_BYTES):
+            yield batch
+            batch, size = [], 0
+        batch.append(row)
+        size += row_size
+    if batch:
+        yield batch

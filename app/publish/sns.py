@@ -53,7 +53,9 @@ class OutgoingMessage:
 
 
 class Publisher(Protocol):
-    async def publish(self, message: OutgoingMessage) -> Published: ...
+    async def publish_batch(
+        self, messages: list[OutgoingMessage]
+    ) -> list[Published | PublishError]: ...
 
 
 class SnsPublisher:
@@ -62,28 +64,57 @@ class SnsPublisher:
     def __init__(self, client: Any) -> None:
         self.client = client
 
-    async def publish(self, message: OutgoingMessage) -> Published:
-        try:
-            response = await self.client.publish(
-                TopicArn=message.topic_arn,
-                Message=message.body,
-                MessageGroupId=message.group_id,
-                MessageDeduplicationId=message.dedup_id,
-                MessageAttributes={
+    async def publish_batch(
+        self, messages: list[OutgoingMessage]
+    ) -> list[Published | PublishError]:
+        """PublishBatch for messages of one topic (≤10); one result per message, in order."""
+        topics = {m.topic_arn for m in messages}
+        assert len(topics) == 1 and 0 < len(messages) <= 10
+        entries = [
+            {
+                "Id": str(index),
+                "Message": message.body,
+                "MessageGroupId": message.group_id,
+                "MessageDeduplicationId": message.dedup_id,
+                "MessageAttributes": {
                     name: {"DataType": "String", "StringValue": value}
                     for name, value in message.attributes.items()
                 },
+            }
+            for index, message in enumerate(messages)
+        ]
+        try:
+            response = await self.client.publish_batch(
+                TopicArn=topics.pop(), PublishBatchRequestEntries=entries
             )
         except ClientError as exc:
-            code = str(exc.response.get("Error", {}).get("Code", "ClientError"))
-            status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
-            retryable = code not in PERMANENT_CODES and (
-                status >= 500 or status in (0, 429) or "Throttl" in code
-            )
-            raise PublishError(str(exc), code=code, retryable=retryable) from exc
+            return [_client_error(exc)] * len(messages)
         except BotoCoreError as exc:
-            raise PublishError(str(exc), code=type(exc).__name__, retryable=True) from exc
-        return Published(response["MessageId"], response.get("SequenceNumber"))
+            error = PublishError(str(exc), code=type(exc).__name__, retryable=True)
+            return [error] * len(messages)
+        results: list[Published | PublishError] = [
+            PublishError("no result for this entry", code="MissingResult", retryable=True)
+        ] * len(messages)
+        for ok in response.get("Successful", []):
+            results[int(ok["Id"])] = Published(ok["MessageId"], ok.get("SequenceNumber"))
+        for failed in response.get("Failed", []):
+            code = str(failed.get("Code", "Failed"))
+            # SenderFault marks a request that will never succeed as sent.
+            permanent = bool(failed.get("SenderFault")) or code in PERMANENT_CODES
+            results[int(failed["Id"])] = PublishError(
+                str(failed.get("Message", code)), code=code, retryable=not permanent
+            )
+        return results
 
     async def check(self, topic_arn: str) -> None:
+        """Raises unless the topic exists and is reachable (for /readyz)."""
         await self.client.get_topic_attributes(TopicArn=topic_arn)
+
+
+def _client_error(exc: ClientError) -> PublishError:
+    code = str(exc.response.get("Error", {}).get("Code", "ClientError"))
+    status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
+    retryable = code not in PERMANENT_CODES and (
+        status >= 500 or status in (0, 429) or "Throttl" in code
+    )
+    return PublishError(str(exc), code=code, retryable=retryable)

@@ -13,8 +13,9 @@ from redis.asyncio import Redis
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from app.publish.coordination import PublishedMemory, RelayLease
 from app.publish.ids import deduplication_id, message_group_id
-from app.publish.relay import OutboxRelay, PublishedMemory, RelayLease
+from app.publish.relay import OutboxRelay
 from app.publish.sns import OutgoingMessage, Published, PublishError, SnsPublisher
 from app.queue.connection import connect_redis
 from app.store.models import DeadLetterRow, EventRow, OutboxRow
@@ -94,18 +95,27 @@ class RecordingPublisher:
         self.inner = inner
         self.failures = failures
         self.calls: list[OutgoingMessage] = []
+        self.batch_sizes: list[int] = []
 
-    async def publish(self, message: OutgoingMessage) -> Published:
-        self.calls.append(message)
-        remaining, retryable = self.failures.get(message.dedup_id, (0, True))
-        if remaining:
-            self.failures[message.dedup_id] = (remaining - 1, retryable)
-            raise PublishError(
-                "injected",
-                code="Throttling" if retryable else "InvalidParameter",
-                retryable=retryable,
-            )
-        return await self.inner.publish(message)
+    async def publish_batch(
+        self, messages: list[OutgoingMessage]
+    ) -> list[Published | PublishError]:
+        self.calls += messages
+        self.batch_sizes.append(len(messages))
+        passed: list[int] = []
+        results: dict[int, Published | PublishError] = {}
+        for index, message in enumerate(messages):
+            remaining, retryable = self.failures.get(message.dedup_id, (0, True))
+            if remaining:
+                self.failures[message.dedup_id] = (remaining - 1, retryable)
+                code = "Throttling" if retryable else "InvalidParameter"
+                results[index] = PublishError("injected", code=code, retryable=retryable)
+            else:
+                passed.append(index)
+        if passed:
+            sent = await self.inner.publish_batch([messages[i] for i in passed])
+            results.update(zip(passed, sent, strict=True))
+        return [results[i] for i in range(len(messages))]
 
 
 def _relay(
@@ -225,3 +235,43 @@ async def test_only_one_relay_holds_the_lease(redis: Redis, redis_prefix: str) -
     await first.release()
     assert await second.hold()
     await second.release()
+
+
+async def test_heads_of_many_groups_go_out_in_batches_of_ten(
+    sessions: Sessions, sns: SnsFixture, sns_client: object
+) -> None:
+    for group in range(23):
+        for n in range(2):
+            await _add_event(sessions, f"evt_{group}_{n}", f"acme/r{group}", 1, sns.topic_arn)
+    publisher = RecordingPublisher(SnsPublisher(sns_client), {})
+    assert await _relay(sessions, publisher).publish_pending() == 46
+    # Round 1: the 23 heads (10 + 10 + 3); round 2: the 23 second rows. Never two rows of
+    # one group in the same round.
+    assert sorted(publisher.batch_sizes) == [3, 3, 10, 10, 10, 10]
+    first_round = publisher.calls[:23]
+    assert len({m.group_id for m in first_round}) == 23
+    received = sns.receive(sns.fifo_url, expected=46)
+    order: dict[str, list[str]] = {}
+    for message in received:
+        body = orjson.loads(message["Body"])
+        order.setdefault(body["event"]["group_key"], []).append(body["event"]["id"])
+    assert all(
+        ids == [f"evt_{g}_0", f"evt_{g}_1"]
+        for g, ids in ((int(k[6:]), v) for k, v in order.items())
+    )
+
+
+async def test_permanent_entry_failure_in_a_batch_dead_letters_only_that_row(
+    sessions: Sessions, sns: SnsFixture, sns_client: object
+) -> None:
+    await _add_event(sessions, "evt_x", "acme/x", 1, sns.topic_arn)
+    await _add_event(sessions, "evt_y", "acme/y", 1, sns.topic_arn)
+    publisher = RecordingPublisher(
+        SnsPublisher(sns_client), {deduplication_id("evt_x", 0): (1, False)}
+    )
+    assert await _relay(sessions, publisher).publish_pending() == 2
+    async with sessions() as session:
+        x = await session.get(EventRow, "evt_x")
+        y = await session.get(EventRow, "evt_y")
+    assert x is not None and x.status == "dead_lettered"
+    assert y is not None and y.status == "published"

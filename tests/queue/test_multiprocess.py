@@ -120,16 +120,31 @@ def test_sigkill_mid_stream_loses_nothing_duplicates_nothing_keeps_order(
     gateways = [start_gateway(f"gw{i}") for i in range(3)]
     for gateway in gateways:
         gateway.wait_ready()
+    deadline = time.monotonic() + 30
+    while not all(
+        any(f"-{g.proc.pid}-" in o for o in _lease_owners(redis_prefix)) for g in gateways
+    ):  # wait until the partitions are spread over all three
+        assert time.monotonic() < deadline, _lease_owners(redis_prefix)
+        time.sleep(0.2)
     victim = gateways[1]
     victim_pid = str(victim.proc.pid)
     killed: dict[str, float] = {}
     keys, per_key = 30, 10
 
-    async def run() -> dict[str, list[str]]:
-        async def killer() -> None:
+    async def run() -> tuple[dict[str, list[str]], float]:
+        async def killer() -> float:
             await asyncio.sleep(1.5)  # mid-stream: the victim holds leases and work
+            assert any(f"-{victim_pid}-" in o for o in _lease_owners(redis_prefix))
             victim.kill()
             killed["at"] = time.monotonic()
+            # Takeover: every lease the victim held is held by a live process again.
+            while any(
+                f"-{victim_pid}-" in o or not o
+                for o in await asyncio.to_thread(_lease_owners, redis_prefix)
+            ):
+                assert time.monotonic() - killed["at"] < 30, "leases were not taken over"
+                await asyncio.sleep(0.1)
+            return time.monotonic() - killed["at"]
 
         sending = asyncio.create_task(
             _send_all(
@@ -139,18 +154,12 @@ def test_sigkill_mid_stream_loses_nothing_duplicates_nothing_keeps_order(
                 per_key,
             )
         )
-        await killer()
-        return await sending
+        takeover = await killer()
+        return await sending, takeover
 
-    accepted = asyncio.run(run())
+    accepted, takeover = asyncio.run(run())
     total = sum(len(ids) for ids in accepted.values())
     assert total == keys * per_key
-
-    # Takeover: the victim's leases are held by live processes again.
-    while any(f"-{victim_pid}-" in owner for owner in _lease_owners(redis_prefix)):
-        assert time.monotonic() - killed["at"] < 30, "leases were not taken over"
-        time.sleep(0.2)
-    takeover = time.monotonic() - killed["at"]
 
     messages = sns.receive(sns.fifo_url, expected=total, timeout=90)
     received: dict[str, list[str]] = {}

@@ -1,0 +1,72 @@
+"""Redis-side helpers of the relay: one active relay across processes, and the memory of
+dedup ids already published (SNS FIFO itself forgets after 5 minutes)."""
+
+from __future__ import annotations
+
+import contextlib
+
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+class RelayLease:
+    """One relay publishes at a time across all gateway processes."""
+
+    def __init__(self, redis: Redis, *, key: str, owner: str, ttl_ms: int = 15_000) -> None:
+        self.redis = redis
+        self.key = key
+        self.owner = owner
+        self.ttl_ms = ttl_ms
+        self._renew = redis.register_script(_RENEW)
+        self._release = redis.register_script(_RELEASE)
+
+    async def hold(self) -> bool:
+        try:
+            if await self._renew(keys=[self.key], args=[self.owner, self.ttl_ms]):
+                return True
+            return bool(await self.redis.set(self.key, self.owner, nx=True, px=self.ttl_ms))
+        except (RedisError, OSError):
+            return False
+
+    async def release(self) -> None:
+        with contextlib.suppress(RedisError, OSError):  # it expires by itself
+            await self._release(keys=[self.key], args=[self.owner])
+
+
+class PublishedMemory:
+    """Dedup ids published in the last ``window_seconds``.
+
+    A relay that crashed after SNS accepted a message but before the row was marked finds the
+    id here and marks the row instead of publishing it a second time.
+    """
+
+    def __init__(self, redis: Redis, *, prefix: str, window_seconds: int) -> None:
+        self.redis = redis
+        self.prefix = prefix
+        self.window_seconds = window_seconds
+
+    def _key(self, dedup_id: str) -> str:
+        return f"{self.prefix}:published:{dedup_id}"
+
+    async def recall(self, dedup_id: str) -> str | None:
+        """None when unknown — or when Redis cannot say (SNS's own 5-minute dedup remains)."""
+        try:
+            value = await self.redis.get(self._key(dedup_id))
+        except (RedisError, OSError):
+            return None
+        return value.decode() if isinstance(value, bytes) else value
+
+    async def remember(self, dedup_id: str, message_id: str) -> None:
+        with contextlib.suppress(RedisError, OSError):
+            await self.redis.set(self._key(dedup_id), message_id, ex=self.window_seconds)
