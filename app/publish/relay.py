@@ -64,16 +64,19 @@ class OutboxRelay:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), self.poll_seconds)
                 self._wake.clear()
-                if self.lease is not None and not await self.lease.hold():
-                    continue
                 try:
-                    while await self.publish_pending():
+                    # The lease is renewed before every round: a relay that kept publishing
+                    # past its lease's expiry would race the next holder and publish twice.
+                    while await self._holds_lease() and await self.publish_pending():
                         pass
                 except Exception:
                     log.exception("relay_round_failed")
         finally:
             if self.lease is not None:
                 await self.lease.release()
+
+    async def _holds_lease(self) -> bool:
+        return self.lease is None or await self.lease.hold()
 
     async def publish_pending(self) -> int:
         """Publish the oldest pending rows; returns how many were settled (published or
