@@ -39,5 +39,5 @@ ALERTS_COLLAPSED = Counter(
 GROUP_ID_DISAGREEMENTS = Counter(
     "eventgate_group_id_disagreements_total",
     "Tool calls whose message_group_id differs from the event's group key",
-    ["tool", "used"],
+    ["tool", "policy"],
 )
