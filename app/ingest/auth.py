@@ -118,12 +118,14 @@ def build_authenticator(
 
 
 def _most_specific(failures: list[InvalidSignature]) -> InvalidSignature:
-    for failure in failures:
+    """Stale timestamp, then a credential that was checked and wrong, then a malformed
+    header, then a missing one: the answer that helps the sender most."""
+
+    def rank(failure: InvalidSignature) -> int:
         if isinstance(failure, StaleTimestamp):
-            return failure
-    for failure in failures:
-        if not failure.message.startswith("missing"):
-            return failure
-    if len(failures) == 1:
-        return failures[0]
-    return InvalidSignature("; ".join(f.message for f in failures))
+            return 0
+        if "match" in failure.message:
+            return 1
+        return 3 if failure.message.startswith("missing") else 2
+
+    return min(failures, key=rank)
