@@ -81,6 +81,8 @@ def main() -> None:
     rendered = table(measure())
     print(rendered)
     REPORT.parent.mkdir(exist_ok=True)
+    if not REPORT.exists():
+        REPORT.write_text("# Benchmarks\n\nNumbers printed by the scripts in `bench/`.\n")
     with REPORT.open("a") as report:
         report.write(
             f"\n## Prompt size vs raw payload ({datetime.now(UTC):%Y-%m-%d %H:%M} UTC)\n\n"

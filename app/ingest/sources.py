@@ -8,7 +8,7 @@ delivery GUID in ``X-GitHub-Delivery`` (kept across GitHub's redeliveries) and o
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
@@ -21,7 +21,6 @@ from app.ingest.adapter import (
     first_key,
     media_type,
     parse_json,
-    resolve_key,
 )
 from app.ingest.alerting import AlertSource
 from app.ingest.cloudevents import CloudEventsSource
@@ -112,4 +111,4 @@ def build_adapter(
     return builders[config.type]()
 
 
-__all__ = ["AdapterDeps", "Awaitable", "Described", "SourceAdapter", "build_adapter", "resolve_key"]
+__all__ = ["AdapterDeps", "Described", "SourceAdapter", "build_adapter"]

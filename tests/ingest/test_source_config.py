@@ -39,11 +39,13 @@ def errors_for(source: str) -> list[str]:
             "sources.s.signature.algorithm",
         ),
         (
-            "    type: hmac\n    pipeline: p\n    secret: x\n    signature: {signed_payload: '{ts}.{body}'}\n",
+            "    type: hmac\n    pipeline: p\n    secret: x\n"
+            "    signature: {signed_payload: '{ts}.{body}'}\n",
             "signed_payload may use only",
         ),
         (
-            "    type: token\n    pipeline: p\n    token: x\n    filters: {require: [{path: a, equals: 1, gt: 2}]}\n",
+            "    type: token\n    pipeline: p\n    token: x\n"
+            "    filters: {require: [{path: a, equals: 1, gt: 2}]}\n",
             "needs exactly one of",
         ),
         ("    type: nope\n    pipeline: p\n", "sources.s.type"),
