@@ -19,13 +19,15 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    SecretStr,
     ValidationError,
     field_validator,
     model_validator,
 )
 
-SourceType = Literal["github", "alertmanager", "standard-webhooks"]
+from app.source_config import SourceConfig, SourceType
+
+__all__ = ["ConfigError", "GatewayConfig", "SourceConfig", "SourceType", "load_config"]
+
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _TOPIC_ARN = re.compile(r"^arn:aws[a-z-]*:sns:[a-z0-9-]+:\d{12}:[A-Za-z0-9_-]{1,251}\.fifo$")
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -43,26 +45,6 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class SourceConfig(_Strict):
-    type: SourceType
-    pipeline: str
-    secret: SecretStr | None = None
-    token: SecretStr | None = None
-    # Dotted path into the payload; overrides the type's own group-key rule.
-    group_key: str | None = None
-    max_body_bytes: int | None = Field(default=None, ge=1)
-    dedup_window_seconds: int | None = Field(default=None, ge=1)
-    tolerance_seconds: int = Field(default=300, ge=1)
-
-    @model_validator(mode="after")
-    def _credentials(self) -> SourceConfig:
-        if self.type in ("github", "standard-webhooks") and not _present(self.secret):
-            raise ValueError(f"a '{self.type}' source needs 'secret'")
-        if self.type == "alertmanager" and not _present(self.token):
-            raise ValueError("an 'alertmanager' source needs 'token'")
-        return self
-
-
 class PipelineConfig(_Strict):
     model: str
     fallback_model: str | None = None
@@ -75,6 +57,17 @@ class ToolConfig(_Strict):
     description: str
     input_schema: dict[str, Any]
     topic_arn: str | None = None
+    # Where the SNS MessageGroupId comes from: the event's group key, or the tool's
+    # `message_group_id` argument when it is a valid SNS id (else the event's key).
+    group_id: Literal["event", "llm"] = "event"
+
+    @model_validator(mode="after")
+    def _llm_group_id(self) -> ToolConfig:
+        if self.group_id == "llm" and "message_group_id" not in self.input_schema.get(
+            "properties", {}
+        ):
+            raise ValueError("group_id: llm needs a 'message_group_id' property in input_schema")
+        return self
 
     @field_validator("input_schema")
     @classmethod
@@ -125,10 +118,6 @@ class GatewayConfig(_Strict):
         if errors:
             raise ValueError("; ".join(errors))
         return self
-
-
-def _present(secret: SecretStr | None) -> bool:
-    return secret is not None and secret.get_secret_value() != ""
 
 
 def _interpolate(node: Any, path: str, env: dict[str, str], errors: list[str]) -> Any:

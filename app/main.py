@@ -21,6 +21,7 @@ from app.config import GatewayConfig, load_config
 from app.errors import install_error_handlers
 from app.ingest.router import router as ingest_router
 from app.ingest.service import IngestService
+from app.ingest.sources import AdapterDeps
 from app.llm.client import ClaudeClient
 from app.llm.pipeline import EventProcessor
 from app.observability.logging import configure_logging
@@ -43,15 +44,20 @@ log = structlog.get_logger(__name__)
 
 
 def create_app(
-    settings: Settings | None = None, config: GatewayConfig | None = None, *, role: Role = "serve"
+    settings: Settings | None = None,
+    config: GatewayConfig | None = None,
+    *,
+    role: Role = "serve",
+    adapter_deps: AdapterDeps | None = None,
 ) -> FastAPI:
+    """``adapter_deps`` replaces the adapters' network edges (tests: SNS certificates)."""
     settings = settings or Settings()
     config = config or load_config(settings.config)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with AsyncExitStack() as stack:
-            state = await _build_state(settings, config, role, stack)
+            state = await _build_state(settings, config, role, stack, adapter_deps)
             app.state.gateway = state
             _start_loops(state)
             log.info(
@@ -83,7 +89,11 @@ def create_app(
 
 
 async def _build_state(
-    settings: Settings, config: GatewayConfig, role: Role, stack: AsyncExitStack
+    settings: Settings,
+    config: GatewayConfig,
+    role: Role,
+    stack: AsyncExitStack,
+    adapter_deps: AdapterDeps | None = None,
 ) -> AppState:
     configure_logging(fmt=settings.log_format, level=settings.log_level)
     if settings.auto_migrate:
@@ -111,6 +121,7 @@ async def _build_state(
             queue=queue,
             max_body_bytes=settings.max_body_bytes,
             dedup_window_seconds=settings.dedup_window_seconds,
+            deps=adapter_deps,
         ),
     )
     if settings.anthropic_api_key or os.environ.get("ANTHROPIC_BASE_URL"):

@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse
 from app.deps import IngestServiceDep, StateDep
 from app.errors import error_body
 from app.ingest.exceptions import PayloadTooLarge
-from app.ingest.schemas import IngestResponse
+from app.ingest.schemas import BatchIngestResponse, IngestResponse
 
 router = APIRouter(tags=["ingest"])
 
@@ -48,28 +48,41 @@ async def read_limited(request: Request, limit: int) -> bytes:
 @router.post(
     "/v1/webhooks/{source}",
     status_code=202,
-    response_model=IngestResponse,
+    response_model=IngestResponse | BatchIngestResponse,
     responses={
-        200: {"model": IngestResponse, "description": "duplicate delivery or ping"},
+        200: {
+            "model": IngestResponse | BatchIngestResponse,
+            "description": "nothing new queued: duplicate, filtered, collapsed or ignored",
+        },
         **_ERRORS,
     },
 )
 async def receive_webhook(
     source: str, request: Request, service: IngestServiceDep, state: StateDep
 ) -> JSONResponse:
-    """Verify, deduplicate and durably queue one webhook delivery.
+    """Verify, filter, deduplicate and durably queue one webhook delivery.
 
-    202 means the event is on the queue. A redelivery of an event already queued gets 200
-    with the original `event_id`; a GitHub `ping` gets 200 and is not queued.
+    A single-event request answers `{"event_id", "status"}`: 202 `queued` means the event is
+    on the queue; 200 `duplicate` (a redelivery, with the original `event_id`), `filtered`
+    (dropped by the source's filters), `collapsed` (a repeat of a firing alert, with the
+    `event_id` that went to the LLM) or `ignored` (a GitHub ping, an SNS confirmation).
+    A batch request (CloudEvents batch mode, an array with `split: true`) answers
+    `{"events": [...]}`, one entry per event in request order; 202 if any was queued.
     """
     registered = service.source(source)
     state.backlog.check()
     body = await read_limited(request, registered.max_body_bytes)
     outcome = await service.ingest(registered, request.headers, body)
-    if outcome.status == "queued":
-        state.backlog.record_enqueued()
-    code = 202 if outcome.status == "queued" else 200
-    body_out = {"event_id": outcome.event_id, "status": outcome.status}
-    return JSONResponse(
-        IngestResponse.model_validate(body_out).model_dump(exclude_none=True), status_code=code
-    )
+    queued = sum(1 for e in outcome.events if e.status == "queued")
+    if queued:
+        state.backlog.record_enqueued(queued)
+    code = 202 if outcome.queued else 200
+    entries = [
+        IngestResponse(event_id=e.event_id, status=e.status, detail=e.detail)
+        for e in outcome.events
+    ]
+    if outcome.batch:
+        content = {"events": [e.model_dump(exclude_none=True) for e in entries]}
+    else:
+        content = entries[0].model_dump(exclude_none=True)
+    return JSONResponse(content, status_code=code)

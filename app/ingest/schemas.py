@@ -18,6 +18,9 @@ class Event(BaseModel):
     pipeline: str
     received_at: datetime
     payload: Any
+    # How the prompt renders the payload: the source's type and its prompt budget.
+    source_type: str | None = None
+    prompt_budget_chars: int | None = None
 
     def to_bytes(self) -> bytes:
         return orjson.dumps(self.model_dump(mode="json"))
@@ -37,7 +40,19 @@ class Event(BaseModel):
         }
 
 
+EventStatusWord = Literal["queued", "duplicate", "ignored", "filtered", "collapsed"]
+
+
 class IngestResponse(BaseModel):
+    """One event per request: ``{"event_id", "status"}`` (+ ``detail`` when not queued)."""
+
     event_id: str | None
-    status: Literal["queued", "duplicate", "ignored"]
+    status: EventStatusWord
     detail: str | None = None
+
+
+class BatchIngestResponse(BaseModel):
+    """A batch request (CloudEvents batch mode, ``split: true``): one entry per event, in
+    request order. 202 when at least one event was queued, else 200."""
+
+    events: list[IngestResponse]

@@ -1,8 +1,10 @@
-"""Ingest: verify → parse → describe → dedup + enqueue, in that order.
+"""Ingest: verify → describe → per event: filter → collapse → dedup + enqueue.
 
-Invariant: the caller sends 2xx only after ``enqueue`` returned, i.e. the event is on its
-partition's stream (or a duplicate of one that is). Any Redis failure becomes
-``QueueUnavailable`` (503 with Retry-After), never a 2xx.
+Invariant: the caller sends 2xx only after every event of the request was enqueued (or found
+to be a duplicate, filtered or collapsed). Events are enqueued one after another, in request
+order, so readings of one device in a batch keep their order. If Redis fails midway the
+request gets ``QueueUnavailable`` (503 with Retry-After); the sender's retry describes the
+same delivery ids, so the events already queued are answered ``duplicate``, never doubled.
 """
 
 from __future__ import annotations
@@ -10,28 +12,39 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
-from urllib.parse import parse_qs
 
-import orjson
 import structlog
 from redis.exceptions import RedisError
 
 from app.config import GatewayConfig, SourceConfig
 from app.errors import QueueUnavailable
-from app.ingest.exceptions import InvalidPayload, UnknownSource, UnsupportedMediaType
+from app.ingest.adapter import Described, Headers, SourceAdapter, resolve_key
+from app.ingest.collapse import AlertCollapser
+from app.ingest.exceptions import UnknownSource
+from app.ingest.filters import evaluate
 from app.ingest.schemas import Event
-from app.ingest.sources import Headers, SourceAdapter, build_adapter
-from app.observability.metrics import WEBHOOKS_RECEIVED
+from app.ingest.sources import AdapterDeps, build_adapter
+from app.observability.metrics import ALERTS_COLLAPSED, EVENTS_FILTERED, WEBHOOKS_RECEIVED
 from app.queue.streams import EventQueue
 
 log = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
-class IngestOutcome:
+class EventOutcome:
     event_id: str | None
-    status: str  # queued | duplicate | ignored
+    status: str  # queued | duplicate | filtered | collapsed | ignored
+    detail: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class IngestOutcome:
+    events: list[EventOutcome]
+    batch: bool
+
+    @property
+    def queued(self) -> bool:
+        return any(e.status == "queued" for e in self.events)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,13 +64,15 @@ class IngestService:
         queue: EventQueue,
         max_body_bytes: int,
         dedup_window_seconds: int,
+        deps: AdapterDeps | None = None,
     ) -> None:
         self.queue = queue
+        self.collapser = AlertCollapser(queue.redis, prefix=queue.prefix)
         self.sources = {
             name: RegisteredSource(
                 name=name,
                 config=source,
-                adapter=build_adapter(name, source),
+                adapter=build_adapter(name, source, deps),
                 max_body_bytes=source.max_body_bytes or max_body_bytes,
                 dedup_window_ms=1000 * (source.dedup_window_seconds or dedup_window_seconds),
             )
@@ -74,66 +89,98 @@ class IngestService:
         self, source: RegisteredSource, headers: Headers, body: bytes
     ) -> IngestOutcome:
         try:
-            return await self._ingest(source, headers, body)
+            await source.adapter.verify(headers, body)
+            described = await source.adapter.describe(headers, body)
         except Exception as exc:
             outcome = type(exc).__name__ if hasattr(exc, "status_code") else "error"
             WEBHOOKS_RECEIVED.labels(source=source.name, outcome=outcome).inc()
             raise
-
-    async def _ingest(
-        self, source: RegisteredSource, headers: Headers, body: bytes
-    ) -> IngestOutcome:
-        source.adapter.verify(headers, body)
-        payload = parse_body(headers.get("content-type", ""), body)
-        described = source.adapter.describe(headers, payload)
-        if described is None:
+        batch = any(d.batch_index is not None for d in described)
+        if not described:
             WEBHOOKS_RECEIVED.labels(source=source.name, outcome="ignored").inc()
-            return IngestOutcome(None, "ignored")
-        event = Event(
-            id=f"evt_{uuid.uuid4().hex}",
-            source=source.name,
-            type=described.type,
-            group_key=described.group_key,
-            delivery_id=described.delivery_id,
-            pipeline=source.config.pipeline,
-            received_at=datetime.now(UTC),
-            payload=payload,
-        )
+            return IngestOutcome([EventOutcome(None, "ignored")], batch=False)
+        outcomes: list[EventOutcome] = []
         try:
-            result = await self.queue.enqueue(
-                event_id=event.id,
-                source=source.name,
-                delivery_id=event.delivery_id,
-                group_key=event.group_key,
-                data=event.to_bytes(),
-                dedup_window_ms=source.dedup_window_ms,
-            )
+            for item in described:
+                outcomes.append(await self._one(source, item))
         except (RedisError, OSError) as exc:
+            WEBHOOKS_RECEIVED.labels(source=source.name, outcome="QueueUnavailable").inc()
             log.warning("enqueue_failed", source=source.name, error=type(exc).__name__)
             raise QueueUnavailable("the event queue is unreachable; retry later") from exc
-        status = "queued" if result.created else "duplicate"
-        WEBHOOKS_RECEIVED.labels(source=source.name, outcome=status).inc()
-        log.info(
-            "webhook_" + status,
+        for done in outcomes:
+            WEBHOOKS_RECEIVED.labels(source=source.name, outcome=done.status).inc()
+        return IngestOutcome(outcomes, batch=batch)
+
+    async def _one(self, source: RegisteredSource, item: Described) -> EventOutcome:
+        log_ = log.bind(source=source.name, event_type=item.type, group_key=item.group_key)
+        verdict = evaluate(source.config.filters, item.type, item.payload)
+        if not verdict.keep:
+            EVENTS_FILTERED.labels(source=source.name, reason=verdict.reason).inc()
+            log_.info("webhook_filtered", reason=verdict.reason, detail=verdict.detail)
+            return EventOutcome(None, "filtered", verdict.detail)
+        firing, resolved = self._fingerprints(source.config, item)
+        if firing and not resolved:  # a resolution in the same delivery is news
+            repeat = await self.collapser.repeat_of(source=source.name, fingerprints=firing)
+            if repeat is not None:
+                ALERTS_COLLAPSED.labels(source=source.name).inc()
+                log_.info("webhook_collapsed", event_id=repeat.event_id, repeats=repeat.repeats)
+                detail = f"repeat {repeat.repeats} of an alert already sent to the LLM"
+                return EventOutcome(repeat.event_id, "collapsed", detail)
+        event = self._event(source, item)
+        result = await self.queue.enqueue(
+            event_id=event.id,
             source=source.name,
-            event_id=result.event_id,
-            event_type=event.type,
+            delivery_id=event.delivery_id,
             group_key=event.group_key,
+            data=event.to_bytes(),
+            dedup_window_ms=source.dedup_window_ms,
         )
-        return IngestOutcome(result.event_id, status)
+        status = "queued" if result.created else "duplicate"
+        log_.info("webhook_" + status, event_id=result.event_id)
+        if result.created and source.config.collapse is not None:
+            await self._track(source, firing, resolved, result.event_id)
+        return EventOutcome(result.event_id, status)
 
+    def _event(self, source: RegisteredSource, item: Described) -> Event:
+        return Event(
+            id=f"evt_{uuid.uuid4().hex}",
+            source=source.name,
+            type=item.type,
+            group_key=item.group_key,
+            delivery_id=item.delivery_id,
+            pipeline=source.config.pipeline,
+            received_at=datetime.now(UTC),
+            payload=item.payload,
+            source_type=source.config.type,
+            prompt_budget_chars=source.config.prompt_budget_chars,
+        )
 
-def parse_body(content_type: str, body: bytes) -> Any:
-    media = content_type.split(";", 1)[0].strip().lower()
-    if media == "application/x-www-form-urlencoded":
-        # GitHub's "form" content type: the JSON document is in the `payload` field.
-        form = parse_qs(body.decode("utf-8", "replace"))
-        if "payload" not in form:
-            raise InvalidPayload("form body has no 'payload' field")
-        body = form["payload"][0].encode()
-    elif media and media != "application/json" and not media.endswith("+json"):
-        raise UnsupportedMediaType(f"expected application/json, got {media!r}")
-    try:
-        return orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidPayload(f"body is not valid JSON: {exc}") from None
+    @staticmethod
+    def _fingerprints(
+        config: SourceConfig, item: Described
+    ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        if config.collapse is None:
+            return (), ()
+        if config.collapse.fingerprint is None:
+            return item.firing, item.resolved
+        own = resolve_key(item.payload, config.collapse.fingerprint)
+        return ((own,) if own else ()), ()
+
+    async def _track(
+        self,
+        source: RegisteredSource,
+        firing: tuple[str, ...],
+        resolved: tuple[str, ...],
+        event_id: str,
+    ) -> None:
+        """Best effort: the event is already queued, so a failure here only means the next
+        repeat is not collapsed (one extra Claude call), never a lost event."""
+        assert source.config.collapse is not None
+        window_ms = 1000 * source.config.collapse.window_seconds
+        try:
+            await self.collapser.remember(
+                source=source.name, fingerprints=firing, event_id=event_id, window_ms=window_ms
+            )
+            await self.collapser.forget(source=source.name, fingerprints=resolved)
+        except (RedisError, OSError) as exc:
+            log.warning("collapse_not_recorded", source=source.name, error=type(exc).__name__)

@@ -11,26 +11,57 @@ import time
 from app.ingest.exceptions import InvalidSignature, StaleTimestamp
 
 
-def verify_github(secret: bytes, body: bytes, header: str | None) -> None:
-    """``X-Hub-Signature-256: sha256=<hex>`` over the raw body."""
+def verify_github(secrets: list[bytes], body: bytes, header: str | None) -> None:
+    """``X-Hub-Signature-256: sha256=<hex>`` over the raw body; any secret may match."""
     if not header:
         raise InvalidSignature("missing X-Hub-Signature-256 header")
     scheme, _, signature = header.partition("=")
     if scheme != "sha256" or not signature:
         raise InvalidSignature("X-Hub-Signature-256 must look like sha256=<hex>")
-    expected = hmac.new(secret, body, hashlib.sha256).hexdigest()
-    if not hmac.compare_digest(expected, signature.strip().lower()):
-        raise InvalidSignature("signature does not match the body")
+    given = signature.strip().lower().encode()
+    for secret in secrets:
+        if hmac.compare_digest(hmac.new(secret, body, hashlib.sha256).hexdigest().encode(), given):
+            return
+    raise InvalidSignature("signature does not match the body")
 
 
-def verify_bearer(token: str, header: str | None) -> None:
+def verify_bearer(tokens: list[str], header: str | None) -> None:
     if not header:
         raise InvalidSignature("missing Authorization header")
     scheme, _, value = header.partition(" ")
     if scheme.lower() != "bearer" or not value:
         raise InvalidSignature("Authorization must be 'Bearer <token>'")
-    if not hmac.compare_digest(value.strip().encode(), token.encode()):
+    given = value.strip().encode()
+    if not any(hmac.compare_digest(given, token.encode()) for token in tokens):
         raise InvalidSignature("bearer token does not match")
+
+
+def verify_basic(username: str, password: str, header: str | None) -> None:
+    if not header:
+        raise InvalidSignature("missing Authorization header")
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() != "basic" or not value:
+        raise InvalidSignature("Authorization must be 'Basic <credentials>'")
+    try:
+        decoded = base64.b64decode(value.strip(), validate=True)
+    except binascii.Error as exc:
+        raise InvalidSignature("Basic credentials are not base64") from exc
+    expected = f"{username}:{password}".encode()
+    if not hmac.compare_digest(decoded, expected):
+        raise InvalidSignature("basic auth credentials do not match")
+
+
+def check_timestamp(timestamp: str, *, tolerance_seconds: int, now: float | None = None) -> None:
+    """Unix seconds (or milliseconds, told apart by size) within ± the tolerance."""
+    try:
+        sent = float(timestamp)
+    except ValueError as exc:
+        raise InvalidSignature("signature timestamp is not a number") from exc
+    if sent > 1e11:  # milliseconds
+        sent /= 1000
+    current = time.time() if now is None else now
+    if abs(current - sent) > tolerance_seconds:
+        raise StaleTimestamp(f"signature timestamp is more than {tolerance_seconds}s from now")
 
 
 def standard_webhooks_key(secret: str) -> bytes:

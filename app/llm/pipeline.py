@@ -27,11 +27,12 @@ from app.llm.prompts import render_event, system_blocks, tool_definitions
 from app.observability.metrics import (
     DEAD_LETTERS,
     EVENTS_FINISHED,
+    GROUP_ID_DISAGREEMENTS,
     LLM_DURATION,
     LLM_REQUESTS,
     LLM_TOKENS,
 )
-from app.publish.ids import deduplication_id, message_group_id
+from app.publish.ids import deduplication_id, resolve_group_id
 from app.store.models import EventStatus, LlmCallRow, OutboxRow
 from app.store.repository import (
     DeadLetterRepository,
@@ -210,13 +211,17 @@ class EventProcessor:
             "model": model,
             "sequence": index,
         }
+        tool = self.config.tools[use["name"]]
+        group_id, disagreed = resolve_group_id(tool.group_id, event.group_key, use.get("input"))
+        if disagreed:
+            GROUP_ID_DISAGREEMENTS.labels(tool=use["name"], policy=tool.group_id).inc()
         return OutboxRow(
             event_id=event.id,
             seq=index,
             llm_call_id=call_id,
             tool=use["name"],
-            topic_arn=self.config.tools[use["name"]].topic_arn,
-            group_id=message_group_id(event.group_key),
+            topic_arn=tool.topic_arn,
+            group_id=group_id,
             dedup_id=deduplication_id(event.id, index),
             body=orjson.dumps(body).decode(),
         )

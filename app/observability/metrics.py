@@ -29,3 +29,18 @@ END_TO_END = Histogram(
     "Webhook received → last tool call published",
     buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 300),
 )
+
+# Sources (issue 5): noise dropped before the LLM, and the per-tool group-id policy.
+EVENTS_FILTERED = Counter(
+    "eventgate_events_filtered_total", "Events dropped by a source's filters", ["source", "reason"]
+)
+ALERTS_COLLAPSED = Counter(
+    "eventgate_alerts_collapsed_total",
+    "Alert deliveries collapsed into an earlier event (no Claude call)",
+    ["source"],
+)
+GROUP_ID_DISAGREEMENTS = Counter(
+    "eventgate_group_id_disagreements_total",
+    "Tool calls whose message_group_id differs from the event's group key",
+    ["tool", "policy"],
+)

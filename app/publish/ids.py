@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from typing import Any, Literal
 
 # SNS allows letters, digits and punctuation, up to 128 characters.
 _VALID = re.compile(r"^[A-Za-z0-9!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~]{1,128}$")
@@ -19,3 +20,23 @@ def message_group_id(group_key: str) -> str:
 def deduplication_id(event_id: str, index: int) -> str:
     """Same value for the same tool call however often it is retried or replayed."""
     return hashlib.sha256(f"{event_id}:{index}".encode()).hexdigest()
+
+
+GroupIdPolicy = Literal["event", "llm"]
+
+
+def resolve_group_id(policy: GroupIdPolicy, event_key: str, tool_input: Any) -> tuple[str, bool]:
+    """The MessageGroupId of one tool call, and whether Claude proposed a different one.
+
+    ``event``: always the event's key (Claude's ``message_group_id``, if any, is only compared).
+    ``llm``: Claude's ``message_group_id`` when it is a valid SNS id, else the event's key.
+    ``disagreed`` is True when Claude proposed an id that differs from the event's.
+    """
+    event_id = message_group_id(event_key)
+    proposed = tool_input.get("message_group_id") if isinstance(tool_input, dict) else None
+    if not isinstance(proposed, str) or not proposed:
+        return event_id, False
+    disagreed = proposed not in (event_key, event_id)
+    if policy == "llm" and _VALID.match(proposed):
+        return proposed, disagreed
+    return event_id, disagreed

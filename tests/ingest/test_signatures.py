@@ -23,7 +23,7 @@ GITHUB_VECTOR = "sha256=757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c
 
 
 def test_github_documented_vector_verifies() -> None:
-    verify_github(SECRET, BODY, GITHUB_VECTOR)
+    verify_github([SECRET], BODY, GITHUB_VECTOR)
 
 
 @pytest.mark.parametrize(
@@ -38,30 +38,30 @@ def test_github_documented_vector_verifies() -> None:
 )
 def test_github_bad_signatures(header: str | None, message: str) -> None:
     with pytest.raises(InvalidSignature, match=message):
-        verify_github(SECRET, BODY, header)
+        verify_github([SECRET], BODY, header)
 
 
 def test_github_signature_over_a_different_body_fails() -> None:
     with pytest.raises(InvalidSignature):
-        verify_github(SECRET, BODY + b" ", GITHUB_VECTOR)
+        verify_github([SECRET], BODY + b" ", GITHUB_VECTOR)
 
 
 @given(st.binary(max_size=512), st.text(max_size=80))
 def test_github_never_accepts_a_header_it_did_not_compute(body: bytes, header: str) -> None:
     expected = "sha256=" + hmac.new(SECRET, body, hashlib.sha256).hexdigest()
     if header.lower() == expected:
-        verify_github(SECRET, body, header)
+        verify_github([SECRET], body, header)
     else:
         with pytest.raises(InvalidSignature):
-            verify_github(SECRET, body, header)
+            verify_github([SECRET], body, header)
 
 
 def test_bearer() -> None:
-    verify_bearer("tok", "Bearer tok")
-    verify_bearer("tok", "bearer tok")
+    verify_bearer(["tok"], "Bearer tok")
+    verify_bearer(["tok"], "bearer tok")
     for header in (None, "tok", "Basic tok", "Bearer nope", "Bearer "):
         with pytest.raises(InvalidSignature):
-            verify_bearer("tok", header)
+            verify_bearer(["tok"], header)
 
 
 def _sign(key: bytes, msg_id: str, ts: int, body: bytes) -> str:

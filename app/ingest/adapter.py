@@ -1,0 +1,112 @@
+"""The source-adapter protocol and the payload helpers every adapter shares.
+
+An adapter verifies one request over the raw body (before anything is parsed), then reads it
+into zero or more ``Described`` events: zero means "answer, but queue nothing" (GitHub's ping,
+an SNS subscription confirmation), several mean a batch (CloudEvents batch mode, an array of
+readings with ``split: true``). ``delivery_id`` is the sender's retry identity: the same
+request sent again must describe the same delivery ids, so a retry after a 503 is deduplicated.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import orjson
+
+from app.ingest.exceptions import InvalidPayload, UnsupportedMediaType
+
+Headers = Mapping[str, str]
+_PLACEHOLDER = re.compile(r"\{([^{}]+)\}")
+
+
+@dataclass(frozen=True, slots=True)
+class Described:
+    type: str
+    delivery_id: str
+    group_key: str
+    payload: Any
+    # Position in a batch request; None for a single-event request.
+    batch_index: int | None = None
+    # Alert fingerprints for collapse: firing ones may collapse, resolved ones end a window.
+    firing: tuple[str, ...] = ()
+    resolved: tuple[str, ...] = ()
+
+
+class SourceAdapter(Protocol):
+    async def verify(self, headers: Headers, body: bytes) -> None: ...
+
+    async def describe(self, headers: Headers, body: bytes) -> list[Described]: ...
+
+
+def dotted(payload: Any, path: str) -> Any:
+    """``a.b.0.c`` into nested dicts and lists; None when any step is missing."""
+    node = payload
+    for part in path.split("."):
+        if isinstance(node, dict):
+            node = node.get(part)
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node
+
+
+def scalar(payload: Any, path: str) -> str | None:
+    value = dotted(payload, path)
+    if value is None or isinstance(value, dict | list) or value == "":
+        return None
+    return str(value)
+
+
+def resolve_key(payload: Any, spec: str | None) -> str | None:
+    """A dotted path, or a template like ``{device.site}/{device.id}``.
+
+    A template resolves only when every placeholder does (a half-filled key would merge
+    unrelated entities into one group); None otherwise.
+    """
+    if spec is None:
+        return None
+    if "{" not in spec:
+        return scalar(payload, spec)
+    missing = False
+
+    def fill(match: re.Match[str]) -> str:
+        nonlocal missing
+        value = scalar(payload, match.group(1).strip())
+        if value is None:
+            missing = True
+            return ""
+        return value
+
+    rendered = _PLACEHOLDER.sub(fill, spec)
+    return None if missing else rendered
+
+
+def first_key(payload: Any, specs: list[str]) -> str | None:
+    for spec in specs:
+        value = resolve_key(payload, spec)
+        if value:
+            return value
+    return None
+
+
+def content_hash(value: Any) -> str:
+    """A stable id for a JSON value (keys sorted), for senders with no delivery id."""
+    return hashlib.sha256(orjson.dumps(value, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+def media_type(headers: Headers) -> str:
+    return headers.get("content-type", "").split(";", 1)[0].strip().lower()
+
+
+def parse_json(body: bytes, media: str = "application/json") -> Any:
+    if media and media != "application/json" and not media.endswith("+json"):
+        raise UnsupportedMediaType(f"expected application/json, got {media!r}")
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidPayload(f"body is not valid JSON: {exc}") from None

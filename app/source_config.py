@@ -1,0 +1,193 @@
+"""Config of one webhook source (``sources.<name>`` in the YAML file).
+
+Every ``type:`` reads only the keys it needs; a key set on a type that does not use it is an
+error naming the key, so a typo or a copy-paste from another source never silently weakens
+verification. Secrets may hold several values separated by spaces (the old and the new one
+during a rotation); any of them verifies.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+
+SourceType = Literal[
+    "github",
+    "alertmanager",
+    "grafana",
+    "standard-webhooks",
+    "cloudevents",
+    "hmac",
+    "token",
+    "aws-sns",
+]
+ALERT_TYPES = frozenset({"alertmanager", "grafana"})
+
+_COMMON = frozenset(
+    {
+        "type",
+        "pipeline",
+        "group_key",
+        "max_body_bytes",
+        "dedup_window_seconds",
+        "tolerance_seconds",
+        "filters",
+        "collapse",
+        "prompt_budget_chars",
+    }
+)
+_PAYLOAD_KEYS = frozenset({"event_type", "split", "delivery_id", "delivery_header"})
+_KEYS: dict[str, frozenset[str]] = {
+    "github": frozenset({"secret", "group_keys"}),
+    "alertmanager": frozenset({"token", "basic_auth"}),
+    "grafana": frozenset({"secret", "signature", "token", "basic_auth"}),
+    "standard-webhooks": frozenset({"secret", "event_type", "split", "delivery_id"}),
+    "cloudevents": frozenset({"secret", "signature", "token"}),
+    "hmac": frozenset({"secret", "signature"}) | _PAYLOAD_KEYS,
+    "token": frozenset({"token"}) | _PAYLOAD_KEYS,
+    "aws-sns": frozenset({"topic_arns", "confirm_subscriptions"}),
+}
+_NEEDS: dict[str, tuple[str, ...]] = {
+    "github": ("secret",),
+    "alertmanager": ("token", "basic_auth"),
+    "grafana": ("secret", "token", "basic_auth"),
+    "standard-webhooks": ("secret",),
+    "cloudevents": ("token", "secret"),
+    "hmac": ("secret",),
+    "token": ("token",),
+    "aws-sns": ("topic_arns",),
+}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BasicAuth(_Strict):
+    username: str = Field(min_length=1)
+    password: SecretStr
+
+
+class HmacScheme(_Strict):
+    """A generic HMAC signature: ``prefix + encode(HMAC(secret, signed_payload))`` in ``header``.
+
+    ``signed_payload`` is a template over ``{timestamp}`` and ``{body}``; it is used only when
+    ``timestamp_header`` is set (otherwise the raw body alone is signed).
+    """
+
+    header: str | None = None
+    algorithm: Literal["sha256", "sha512"] = "sha256"
+    encoding: Literal["hex", "base64"] = "hex"
+    prefix: str = ""
+    timestamp_header: str | None = None
+    signed_payload: str | None = None
+
+    @model_validator(mode="after")
+    def _template(self) -> Self:
+        if self.signed_payload is None:
+            return self
+        names = set(re.findall(r"\{([^{}]*)\}", self.signed_payload))
+        if "body" not in names or names - {"body", "timestamp"}:
+            raise ValueError("signed_payload may use only {timestamp} and {body}, and needs {body}")
+        return self
+
+
+class Condition(_Strict):
+    """One test on a payload path; exactly one operator is set."""
+
+    path: str = Field(min_length=1)
+    equals: str | int | float | bool | None = None
+    not_equals: str | int | float | bool | None = None
+    in_: list[str | int | float | bool] | None = Field(default=None, alias="in")
+    exists: bool | None = None
+    gt: float | None = None
+    gte: float | None = None
+    lt: float | None = None
+    lte: float | None = None
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @model_validator(mode="after")
+    def _one_operator(self) -> Self:
+        ops = self.model_fields_set - {"path"}
+        if len(ops) != 1:
+            names = "equals, not_equals, in, exists, gt, gte, lt, lte"
+            raise ValueError(f"a condition on {self.path!r} needs exactly one of {names}")
+        return self
+
+    @property
+    def operator(self) -> str:
+        (op,) = self.model_fields_set - {"path"}
+        return op
+
+
+class FilterRules(_Strict):
+    """Applied before the LLM: type globs first, then ``drop`` (any), then ``require`` (all)."""
+
+    allow_types: list[str] | None = None
+    deny_types: list[str] = Field(default_factory=list)
+    require: list[Condition] = Field(default_factory=list)
+    drop: list[Condition] = Field(default_factory=list)
+
+
+class CollapseConfig(_Strict):
+    """Repeats of a firing alert fingerprint within ``window_seconds`` only bump a counter.
+
+    Alert sources (alertmanager, grafana) use each alert's ``fingerprint``; other types need
+    ``fingerprint`` (a dotted path or a ``{template}`` over the payload).
+    """
+
+    window_seconds: int = Field(ge=1)
+    fingerprint: str | None = None
+
+
+class SourceConfig(_Strict):
+    type: SourceType
+    pipeline: str
+    secret: SecretStr | None = None
+    token: SecretStr | None = None
+    basic_auth: BasicAuth | None = None
+    signature: HmacScheme | None = None
+    # A dotted path or a "{a.b}/{c}" template; overrides the type's own group-key rule.
+    group_key: str | None = None
+    # github: group key per X-GitHub-Event (path or template), before the default rule.
+    group_keys: dict[str, str] = Field(default_factory=dict)
+    event_type: str | None = None
+    split: bool = False
+    delivery_id: str | None = None
+    delivery_header: str | None = None
+    topic_arns: list[str] = Field(default_factory=list)
+    confirm_subscriptions: bool = False
+    max_body_bytes: int | None = Field(default=None, ge=1)
+    dedup_window_seconds: int | None = Field(default=None, ge=1)
+    tolerance_seconds: int | None = Field(default=None, ge=1)
+    filters: FilterRules | None = None
+    collapse: CollapseConfig | None = None
+    prompt_budget_chars: int | None = Field(default=None, ge=200)
+
+    @model_validator(mode="after")
+    def _keys_for_type(self) -> Self:
+        allowed = _COMMON | _KEYS[self.type]
+        unused = sorted(k for k in self.model_fields_set if k not in allowed)
+        if unused:
+            raise ValueError(f"{', '.join(unused)}: not used by a '{self.type}' source")
+        needs = _NEEDS[self.type]
+        if not any(_present(getattr(self, key)) for key in needs):
+            raise ValueError(f"a '{self.type}' source needs {' or '.join(map(repr, needs))}")
+        if self.collapse and self.type not in ALERT_TYPES and not self.collapse.fingerprint:
+            raise ValueError(f"collapse.fingerprint: needed for a '{self.type}' source")
+        return self
+
+    def secrets(self) -> list[str]:
+        return self.secret.get_secret_value().split() if self.secret else []
+
+    def tokens(self) -> list[str]:
+        return self.token.get_secret_value().split() if self.token else []
+
+
+def _present(value: object) -> bool:
+    if isinstance(value, SecretStr):
+        return value.get_secret_value() != ""
+    return bool(value)
