@@ -3,6 +3,8 @@ needed): order per group, retries without reordering, dead letters, published-id
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
@@ -275,3 +277,32 @@ async def test_permanent_entry_failure_in_a_batch_dead_letters_only_that_row(
         y = await session.get(EventRow, "evt_y")
     assert x is not None and x.status == "dead_lettered"
     assert y is not None and y.status == "published"
+
+
+async def test_relay_stops_publishing_once_another_holds_the_lease(
+    sessions: Sessions, sns: SnsFixture, sns_client: object, redis: Redis, redis_prefix: str
+) -> None:
+    await _add_event(sessions, "evt_l", "acme/l", 1, sns.topic_arn)
+    key = f"{redis_prefix}:relay-lease"
+    await redis.set(key, "someone-else", px=5000)
+    publisher = RecordingPublisher(SnsPublisher(sns_client), {})
+    relay = OutboxRelay(
+        sessions=sessions,
+        publisher=publisher,
+        lease=RelayLease(redis, key=key, owner="me"),
+        memory=None,
+        poll_seconds=0.05,
+    )
+    task = asyncio.create_task(relay.run())
+    await asyncio.sleep(0.3)
+    assert publisher.calls == []  # not the holder: publishes nothing
+    await redis.delete(key)
+    for _ in range(50):
+        if publisher.calls:
+            break
+        await asyncio.sleep(0.05)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    assert [m.dedup_id for m in publisher.calls] == [deduplication_id("evt_l", 0)]
+    assert await redis.get(key) is None  # released on the way out
