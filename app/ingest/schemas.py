@@ -18,6 +18,8 @@ class Event(BaseModel):
     pipeline: str
     received_at: datetime
     payload: Any
+    # Operator replays so far (0 for a fresh event); part of the published dedup ids.
+    generation: int = 0
 
     def to_bytes(self) -> bytes:
         return orjson.dumps(self.model_dump(mode="json"))

@@ -80,7 +80,9 @@ class EventProcessor:
         async with self.sessions() as session:
             row = await EventRepository(session).start_delivery(fields=_event_fields(event))
             status, deliveries = row.status, row.deliveries
-            stored = await OutboxRepository(session).for_event(event.id)
+            stored = await OutboxRepository(session).for_event(
+                event.id, generation=event.generation
+            )
             attempts = len(await LlmCallRepository(session).for_event(event.id))
             await session.commit()
         if status in TERMINAL or stored:
@@ -213,11 +215,12 @@ class EventProcessor:
         return OutboxRow(
             event_id=event.id,
             seq=index,
+            generation=event.generation,
             llm_call_id=call_id,
             tool=use["name"],
             topic_arn=self.config.tools[use["name"]].topic_arn,
             group_id=message_group_id(event.group_key),
-            dedup_id=deduplication_id(event.id, index),
+            dedup_id=deduplication_id(event.id, index, event.generation),
             body=orjson.dumps(body).decode(),
         )
 

@@ -32,6 +32,8 @@ class EventRepository:
         if row is None:
             row = EventRow(**fields, status=EventStatus.PROCESSING, deliveries=0)
             self.session.add(row)
+        elif row.status == EventStatus.QUEUED:  # an operator replay put it back on the queue
+            row.status = EventStatus.PROCESSING
         row.deliveries += 1
         row.updated_at = utcnow()
         await self.session.flush()
@@ -68,10 +70,14 @@ class OutboxRepository:
     def add_all(self, rows: Sequence[OutboxRow]) -> None:
         self.session.add_all(rows)
 
-    async def for_event(self, event_id: str) -> Sequence[OutboxRow]:
-        result = await self.session.scalars(
-            select(OutboxRow).where(OutboxRow.event_id == event_id).order_by(OutboxRow.seq)
-        )
+    async def for_event(
+        self, event_id: str, *, generation: int | None = None
+    ) -> Sequence[OutboxRow]:
+        """The event's tool calls: of one replay generation, or of all (oldest first)."""
+        query = select(OutboxRow).where(OutboxRow.event_id == event_id)
+        if generation is not None:
+            query = query.where(OutboxRow.generation == generation)
+        result = await self.session.scalars(query.order_by(OutboxRow.generation, OutboxRow.seq))
         return result.all()
 
     async def pending(self, *, limit: int) -> Sequence[OutboxRow]:
@@ -106,11 +112,16 @@ class OutboxRepository:
             values["status"] = OutboxStatus.DEAD
         await self.session.execute(update(OutboxRow).where(OutboxRow.id == row_id).values(values))
 
-    async def unpublished_count(self, event_id: str) -> int:
+    async def unpublished_count(self, event_id: str, *, generation: int = 0) -> int:
+        """Rows of one generation not yet published (earlier generations are history)."""
         result = await self.session.scalar(
             select(func.count())
             .select_from(OutboxRow)
-            .where(OutboxRow.event_id == event_id, OutboxRow.status != OutboxStatus.PUBLISHED)
+            .where(
+                OutboxRow.event_id == event_id,
+                OutboxRow.generation == generation,
+                OutboxRow.status != OutboxStatus.PUBLISHED,
+            )
         )
         return int(result or 0)
 
