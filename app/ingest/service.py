@@ -22,7 +22,7 @@ from app.errors import QueueUnavailable
 from app.ingest.exceptions import InvalidPayload, UnknownSource, UnsupportedMediaType
 from app.ingest.schemas import Event
 from app.ingest.sources import Headers, SourceAdapter, build_adapter
-from app.observability.metrics import WEBHOOKS_RECEIVED
+from app.observability.metrics import DEDUP_HITS, WEBHOOKS_RECEIVED
 from app.queue.streams import EventQueue
 
 log = structlog.get_logger(__name__)
@@ -112,6 +112,8 @@ class IngestService:
             log.warning("enqueue_failed", source=source.name, error=type(exc).__name__)
             raise QueueUnavailable("the event queue is unreachable; retry later") from exc
         status = "queued" if result.created else "duplicate"
+        if not result.created:
+            DEDUP_HITS.labels(layer="delivery").inc()
         WEBHOOKS_RECEIVED.labels(source=source.name, outcome=status).inc()
         log.info(
             "webhook_" + status,

@@ -26,6 +26,7 @@ from app.llm.client import ClaudeClient, ClaudeError, ClaudeReply, ClaudeRequest
 from app.llm.prompts import render_event, system_blocks, tool_definitions
 from app.observability.metrics import (
     DEAD_LETTERS,
+    DEDUP_HITS,
     EVENTS_FINISHED,
     LLM_DURATION,
     LLM_REQUESTS,
@@ -86,6 +87,7 @@ class EventProcessor:
             attempts = len(await LlmCallRepository(session).for_event(event.id))
             await session.commit()
         if status in TERMINAL or stored:
+            DEDUP_HITS.labels(layer="processed").inc()
             log_.info("event_already_processed", status=status, stored_calls=len(stored))
             return
         if deliveries > self.max_deliveries:

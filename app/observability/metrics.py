@@ -26,3 +26,22 @@ END_TO_END = Histogram(
     "Webhook received → last tool call published",
     buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 300),
 )
+
+# Operating metrics. Cost and breaker state are fed by the LLM stage; they are defined here
+# so dashboards and alerts can rely on the names.
+QUEUE_OLDEST_AGE = Gauge(
+    "eventgate_queue_oldest_age_seconds",
+    "Age of the oldest entry still on a partition stream (0 when empty), from its entry id",
+)
+LLM_COST = Counter("eventgate_llm_cost_usd_total", "Estimated Claude spend in USD", ["pipeline"])
+CIRCUIT_BREAKER_STATE = Gauge(
+    "eventgate_circuit_breaker_state", "Circuit breaker: 0 closed, 1 half-open, 2 open", ["model"]
+)
+DEDUP_HITS = Counter(
+    "eventgate_dedup_hits_total",
+    "Duplicates stopped: delivery (redelivered webhook), processed (event already decided)",
+    ["layer"],
+)
+RETENTION_DELETED = Counter(
+    "eventgate_retention_deleted_total", "Rows deleted by the retention job", ["table"]
+)

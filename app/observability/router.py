@@ -12,7 +12,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
 from app.deps import StateDep
-from app.observability.metrics import QUEUE_DEPTH
+from app.observability.metrics import QUEUE_DEPTH, QUEUE_OLDEST_AGE
+from app.queue.stats import oldest_entry_age_seconds
 from app.state import AppState
 
 router = APIRouter(tags=["health"])
@@ -73,4 +74,6 @@ async def metrics(state: StateDep) -> Response:
     # A scrape must not fail because Redis is slow: the gauge keeps its last value.
     with contextlib.suppress(Exception):
         QUEUE_DEPTH.set(await asyncio.wait_for(state.queue.depth(), 2.0))
+    with contextlib.suppress(Exception):
+        QUEUE_OLDEST_AGE.set(await asyncio.wait_for(oldest_entry_age_seconds(state.queue), 2.0))
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)

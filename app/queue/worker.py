@@ -122,6 +122,9 @@ class QueueWorker:
 
     async def _handle(self, item: tuple[StreamEntry, Event]) -> None:
         entry, event = item
-        await self.process(event)
+        with structlog.contextvars.bound_contextvars(
+            event_id=event.id, source=event.source, partition=entry.partition
+        ):
+            await self.process(event)
         await self.queue.ack(entry, event.id)
         self._held.discard((entry.partition, entry.entry_id))

@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 
 import pytest
+import structlog
 
 from app.config import parse_config
 from app.main import Role, create_app
@@ -37,6 +38,14 @@ tools:
       properties: {{severity: {{type: string, enum: [high, low]}}, title: {{type: string}}}}
       required: [severity, title]{topic}
 """
+
+
+@pytest.fixture(autouse=True)
+def _reset_logging() -> Iterator[None]:
+    """Gateways configure structlog onto this test's captured stderr; undo it afterwards so a
+    later test never writes to a closed capture."""
+    yield
+    structlog.reset_defaults()
 
 
 GatewayFactory = Callable[..., AbstractContextManager[ServerThread]]
