@@ -27,17 +27,28 @@ class EventRepository:
         return await self.session.get(EventRow, event_id)
 
     async def start_delivery(self, *, fields: dict[str, Any]) -> EventRow:
-        """Insert the event on first delivery; count every delivery."""
-        row = await self.session.get(EventRow, fields["id"], with_for_update=True)
-        if row is None:
-            row = EventRow(**fields, status=EventStatus.PROCESSING, deliveries=0)
+        """Insert the event on first delivery; count every delivery.
+
+        The count is an UPDATE issued before the read, so the read runs under the write lock
+        (SQLite) or row lock (PostgreSQL) and sees a replay committed meanwhile: an operator
+        replay holds that lock until its stream entry is added and its reset committed.
+        """
+        counted = await self.session.execute(
+            update(EventRow)
+            .where(EventRow.id == fields["id"])
+            .values(deliveries=EventRow.deliveries + 1, updated_at=utcnow())
+        )
+        if getattr(counted, "rowcount", 0) == 0:
+            row = EventRow(**fields, status=EventStatus.PROCESSING, deliveries=1)
             self.session.add(row)
-        elif row.status == EventStatus.QUEUED:  # an operator replay put it back on the queue
-            row.status = EventStatus.PROCESSING
-        row.deliveries += 1
-        row.updated_at = utcnow()
-        await self.session.flush()
-        return row
+            await self.session.flush()
+            return row
+        found = await self.session.get(EventRow, fields["id"], populate_existing=True)
+        assert found is not None  # just updated, in this transaction
+        if found.status == EventStatus.QUEUED:  # an operator replay put it back on the queue
+            found.status = EventStatus.PROCESSING
+            await self.session.flush()
+        return found
 
     async def set_status(self, event_id: str, status: str, *, error: str | None = None) -> None:
         await self.session.execute(
