@@ -38,6 +38,7 @@ from app.settings import Settings
 from app.state import AppState
 from app.store.db import create_engine, session_factory
 from app.store.migrate import upgrade_head
+from app.store.retention import RetentionJob
 
 Role = Literal["serve", "api", "worker"]
 log = structlog.get_logger(__name__)
@@ -188,6 +189,13 @@ def _start_loops(state: AppState) -> None:
         state.tasks.append(asyncio.create_task(state.worker.run(), name="worker"))
     if state.relay is not None:
         state.tasks.append(asyncio.create_task(state.relay.run(), name="relay"))
+    if state.role != "api" and state.settings.retention_seconds > 0:
+        retention = RetentionJob(
+            sessions=state.sessions,
+            max_age_seconds=state.settings.retention_seconds,
+            interval_seconds=state.settings.retention_interval_seconds,
+        )
+        state.tasks.append(asyncio.create_task(retention.run(), name="retention"))
 
 
 async def _stop_loops(state: AppState) -> None:

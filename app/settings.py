@@ -51,6 +51,11 @@ class Settings(BaseSettings):
     log_format: str = Field(default="auto", pattern="^(auto|json|console)$")
     log_level: str = "info"
 
+    # Operating (admin API, retention). Finished events (with their tool calls and dead
+    # letters) and audit rows older than this are deleted periodically; 0 keeps everything.
+    retention_seconds: int = Field(default=30 * 24 * 3600, ge=0)
+    retention_interval_seconds: float = Field(default=3600.0, gt=0)
+
     @property
     def anthropic_api_key(self) -> str | None:
         return os.environ.get("ANTHROPIC_API_KEY") or os.environ.get("ANTHROPIC_AUTH_TOKEN")

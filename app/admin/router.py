@@ -1,7 +1,114 @@
-"""Admin API (Bearer EVENTGATE_ADMIN_TOKEN). Filled in by the operating issue."""
+"""Admin API, HTTP only (Bearer EVENTGATE_ADMIN_TOKEN on every route)."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from datetime import UTC, datetime
+from typing import Annotated, Any
 
-router = APIRouter(tags=["admin"])
+from fastapi import APIRouter, Depends, Query
+
+from app.admin.deps import AdminServiceDep, require_admin
+from app.admin.repository import DeadLetterFilter, EventFilter, LlmCallFilter
+from app.admin.schemas import (
+    DeadLetterOut,
+    EventDetail,
+    EventStatusName,
+    EventSummary,
+    Page,
+    ReplayAccepted,
+)
+from app.errors import error_body
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {
+        "description": text,
+        "content": {"application/json": {"example": error_body(name, text)}},
+    }
+    for status, name, text in [
+        (401, "Unauthorized", "missing or wrong bearer token (Authorization: Bearer <token>)"),
+        (503, "AdminDisabled", "admin API is disabled: set EVENTGATE_ADMIN_TOKEN"),
+    ]
+}
+
+router = APIRouter(tags=["admin"], dependencies=[Depends(require_admin)], responses=_ERRORS)
+
+Limit = Annotated[int, Query(ge=1, le=500, description="page size")]
+Cursor = Annotated[str | None, Query(description="next_cursor of the previous page")]
+
+
+def _utc(value: datetime | None) -> datetime | None:
+    """Query times without an offset are read as UTC."""
+    if value is None or value.tzinfo is not None:
+        return value
+    return value.replace(tzinfo=UTC)
+
+
+@router.get("/v1/events/{event_id}", response_model=EventDetail)
+async def get_event(event_id: str, service: AdminServiceDep) -> EventDetail:
+    """State, timeline, every LLM attempt, every tool call and the latest dead letter.
+
+    An event still on the queue (no worker has stored it yet) is `queued` with only its id.
+    """
+    return await service.event(event_id)
+
+
+@router.get("/v1/events", response_model=Page[EventSummary])
+async def list_events(
+    service: AdminServiceDep,
+    status: EventStatusName | None = None,
+    source: str | None = None,
+    since: datetime | None = None,
+    limit: Limit = 50,
+    cursor: Cursor = None,
+) -> Page[EventSummary]:
+    """Stored events, newest first."""
+    flt = EventFilter(status=status, source=source, since=_utc(since))
+    return await service.events(flt, limit=limit, cursor=cursor)
+
+
+@router.get("/v1/llm-calls", response_model=Page[dict[str, Any]])
+async def list_llm_calls(
+    service: AdminServiceDep,
+    event_id: str | None = None,
+    pipeline: str | None = None,
+    model: str | None = None,
+    status: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    limit: Limit = 50,
+    cursor: Cursor = None,
+) -> Page[dict[str, Any]]:
+    """The audit log (one row per Claude attempt: tokens, cost, latency, outcome), newest
+    first; `since` inclusive, `until` exclusive."""
+    flt = LlmCallFilter(
+        event_id=event_id,
+        pipeline=pipeline,
+        model=model,
+        status=status,
+        since=_utc(since),
+        until=_utc(until),
+    )
+    return await service.llm_calls(flt, limit=limit, cursor=cursor)
+
+
+@router.get("/v1/dead-letters", response_model=Page[DeadLetterOut])
+async def list_dead_letters(
+    service: AdminServiceDep,
+    event_id: str | None = None,
+    stage: str | None = None,
+    replayed: bool | None = None,
+    limit: Limit = 50,
+    cursor: Cursor = None,
+) -> Page[DeadLetterOut]:
+    """Dead letters, newest first; `replayed=false` lists the ones still to handle."""
+    flt = DeadLetterFilter(event_id=event_id, stage=stage, replayed=replayed)
+    return await service.dead_letters(flt, limit=limit, cursor=cursor)
+
+
+@router.post(
+    "/v1/dead-letters/{dead_letter_id}/replay", status_code=202, response_model=ReplayAccepted
+)
+async def replay_dead_letter(dead_letter_id: int, service: AdminServiceDep) -> ReplayAccepted:
+    """Put the event back on its queue as a new generation: Claude decides again and its
+    tool calls get new deduplication ids. 409 if already replayed or the event moved on."""
+    return await service.replay(dead_letter_id)

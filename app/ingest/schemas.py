@@ -21,6 +21,8 @@ class Event(BaseModel):
     # How the prompt renders the payload: the source's type and its prompt budget.
     source_type: str | None = None
     prompt_budget_chars: int | None = None
+    # Operator replays so far (0 for a fresh event); part of the published dedup ids.
+    generation: int = 0
 
     def to_bytes(self) -> bytes:
         return orjson.dumps(self.model_dump(mode="json"))

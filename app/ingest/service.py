@@ -24,7 +24,12 @@ from app.ingest.exceptions import UnknownSource
 from app.ingest.filters import evaluate
 from app.ingest.schemas import Event
 from app.ingest.sources import AdapterDeps, build_adapter
-from app.observability.metrics import ALERTS_COLLAPSED, EVENTS_FILTERED, WEBHOOKS_RECEIVED
+from app.observability.metrics import (
+    ALERTS_COLLAPSED,
+    DEDUP_HITS,
+    EVENTS_FILTERED,
+    WEBHOOKS_RECEIVED,
+)
 from app.queue.streams import EventQueue
 
 log = structlog.get_logger(__name__)
@@ -136,6 +141,8 @@ class IngestService:
             dedup_window_ms=source.dedup_window_ms,
         )
         status = "queued" if result.created else "duplicate"
+        if not result.created:
+            DEDUP_HITS.labels(layer="delivery").inc()
         log_.info("webhook_" + status, event_id=result.event_id)
         if result.created and source.config.collapse is not None:
             await self._track(source, firing, resolved, result.event_id)

@@ -26,6 +26,7 @@ from app.llm.client import ClaudeClient, ClaudeError, ClaudeReply, ClaudeRequest
 from app.llm.prompts import render_event, system_blocks, tool_definitions
 from app.observability.metrics import (
     DEAD_LETTERS,
+    DEDUP_HITS,
     EVENTS_FINISHED,
     GROUP_ID_DISAGREEMENTS,
     LLM_DURATION,
@@ -81,10 +82,13 @@ class EventProcessor:
         async with self.sessions() as session:
             row = await EventRepository(session).start_delivery(fields=_event_fields(event))
             status, deliveries = row.status, row.deliveries
-            stored = await OutboxRepository(session).for_event(event.id)
+            stored = await OutboxRepository(session).for_event(
+                event.id, generation=event.generation
+            )
             attempts = len(await LlmCallRepository(session).for_event(event.id))
             await session.commit()
         if status in TERMINAL or stored:
+            DEDUP_HITS.labels(layer="processed").inc()
             log_.info("event_already_processed", status=status, stored_calls=len(stored))
             return
         if deliveries > self.max_deliveries:
@@ -218,11 +222,12 @@ class EventProcessor:
         return OutboxRow(
             event_id=event.id,
             seq=index,
+            generation=event.generation,
             llm_call_id=call_id,
             tool=use["name"],
             topic_arn=tool.topic_arn,
             group_id=group_id,
-            dedup_id=deduplication_id(event.id, index),
+            dedup_id=deduplication_id(event.id, index, event.generation),
             body=orjson.dumps(body).decode(),
         )
 

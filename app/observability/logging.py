@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Mapping, MutableMapping
+from typing import Any
 
 import structlog
 
@@ -20,6 +22,33 @@ SECRET_HEADERS = frozenset(
     }
 )
 
+# Log keys whose values are secrets whatever the call site meant to log.
+SECRET_KEYS = SECRET_HEADERS | {
+    "token",
+    "admin_token",
+    "secret",
+    "api_key",
+    "password",
+    "signature",
+}
+REDACTED = "[redacted]"
+
+
+def redact_secrets(
+    _: Any, __: str, event_dict: MutableMapping[str, Any]
+) -> MutableMapping[str, Any]:
+    """Replace secret values (by key, and inside a logged ``headers`` mapping)."""
+    for key in list(event_dict):
+        if key.lower() in SECRET_KEYS:
+            event_dict[key] = REDACTED
+    headers = event_dict.get("headers")
+    if isinstance(headers, Mapping):
+        event_dict["headers"] = {
+            name: REDACTED if str(name).lower() in SECRET_HEADERS else value
+            for name, value in headers.items()
+        }
+    return event_dict
+
 
 def configure_logging(*, fmt: str = "auto", level: str = "info") -> None:
     json_output = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
@@ -29,6 +58,7 @@ def configure_logging(*, fmt: str = "auto", level: str = "info") -> None:
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
+            redact_secrets,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,

@@ -44,3 +44,17 @@ GROUP_ID_DISAGREEMENTS = Counter(
     "Tool calls whose message_group_id differs from the event's group key",
     ["tool", "policy"],
 )
+# Operating metrics. Cost and breaker state are fed by the LLM stage; they are defined here
+# so dashboards and alerts can rely on the names.
+LLM_COST = Counter("eventgate_llm_cost_usd_total", "Estimated Claude spend in USD", ["pipeline"])
+CIRCUIT_BREAKER_STATE = Gauge(
+    "eventgate_circuit_breaker_state", "Circuit breaker: 0 closed, 1 half-open, 2 open", ["model"]
+)
+DEDUP_HITS = Counter(
+    "eventgate_dedup_hits_total",
+    "Duplicates stopped: delivery (redelivered webhook), processed (event already decided)",
+    ["layer"],
+)
+RETENTION_DELETED = Counter(
+    "eventgate_retention_deleted_total", "Rows deleted by the retention job", ["table"]
+)

@@ -17,9 +17,14 @@ def message_group_id(group_key: str) -> str:
     return "h-" + hashlib.sha256(group_key.encode()).hexdigest()
 
 
-def deduplication_id(event_id: str, index: int) -> str:
-    """Same value for the same tool call however often it is retried or replayed."""
-    return hashlib.sha256(f"{event_id}:{index}".encode()).hexdigest()
+def deduplication_id(event_id: str, index: int, generation: int = 0) -> str:
+    """Same value for the same tool call however often it is retried.
+
+    An operator replay is a new decision (``generation`` > 0) and gets new ids, so SNS does
+    not drop it as a duplicate of the earlier publish; generation 0 keeps the original value.
+    """
+    key = f"{event_id}:{index}" if generation == 0 else f"{event_id}:{index}:g{generation}"
+    return hashlib.sha256(key.encode()).hexdigest()
 
 
 GroupIdPolicy = Literal["event", "llm"]

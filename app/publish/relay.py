@@ -147,7 +147,7 @@ class OutboxRelay:
             await outbox.mark_published(
                 row.id, message_id=result.message_id, sequence_number=result.sequence_number
             )
-            if await outbox.unpublished_count(row.event_id) == 0:
+            if await outbox.unpublished_count(row.event_id, generation=row.generation) == 0:
                 await self._finish_event(session, row.event_id)
             await session.commit()
         log.info(

@@ -7,7 +7,6 @@ of one partition live in the same Redis Cluster slot and one Lua call can touch 
 from __future__ import annotations
 
 import hashlib
-import time
 import zlib
 from dataclasses import dataclass
 from typing import Any
@@ -162,17 +161,24 @@ class EventQueue:
         return bool(result)
 
     async def backlog(self) -> tuple[int, float]:
-        """(entries on all streams, age in seconds of the oldest one; 0 when empty)."""
+        """(entries on all streams, age in seconds of the oldest one; 0 when empty).
+
+        Acked entries are deleted, so a stream's first entry is its oldest unfinished one;
+        its id (``<ms>-<seq>``) is compared with Redis's own ``TIME``, so gateway clock skew
+        does not matter.
+        """
         async with self.redis.pipeline(transaction=False) as pipe:
             for partition in range(self.partitions):
                 pipe.xlen(self.stream_key(partition))
                 pipe.xrange(self.stream_key(partition), count=1)
-            replies = await pipe.execute()
+            pipe.time()
+            *replies, (seconds, micros) = await pipe.execute()
         depth = sum(int(n) for n in replies[0::2])
-        firsts = [int(r[0][0].split(b"-")[0]) for r in replies[1::2] if r]
-        if not firsts:
+        added_ms = [int(r[0][0].split(b"-", 1)[0]) for r in replies[1::2] if r]
+        if not added_ms:
             return depth, 0.0
-        return depth, max(0.0, time.time() - min(firsts) / 1000)
+        now_ms = int(seconds) * 1000 + int(micros) // 1000
+        return depth, max(0.0, (now_ms - min(added_ms)) / 1000)
 
     def _entries(self, reply: Any) -> list[StreamEntry]:
         entries: list[StreamEntry] = []

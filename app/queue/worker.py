@@ -158,12 +158,15 @@ class QueueWorker:
     async def _handle(self, item: tuple[StreamEntry, Event]) -> None:
         """Raising leaves the item in place: the dispatcher retries it before its key moves on."""
         entry, event = item
-        if await self.leases.still_owns(entry.partition):
-            await self.process(event)
-            token = self.leases.tokens.get(entry.partition)
-            if token is None or not await self.queue.ack(entry, event.id, token=token):
-                log.warning("ack_fenced", partition=entry.partition, event_id=event.id)
-        else:
-            log.info("entry_skipped_lease_lost", partition=entry.partition, event_id=event.id)
+        with structlog.contextvars.bound_contextvars(
+            event_id=event.id, source=event.source, partition=entry.partition
+        ):
+            if await self.leases.still_owns(entry.partition):
+                await self.process(event)
+                token = self.leases.tokens.get(entry.partition)
+                if token is None or not await self.queue.ack(entry, event.id, token=token):
+                    log.warning("ack_fenced")
+            else:
+                log.info("entry_skipped_lease_lost")
         self._held.discard((entry.partition, entry.entry_id))
         self._in_flight[entry.partition] -= 1

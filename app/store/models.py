@@ -53,9 +53,13 @@ class EventRow(Base):
     status: Mapped[str] = mapped_column(String(32), index=True)
     payload: Mapped[dict[str, Any]] = mapped_column(JSON)
     received_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
-    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), default=utcnow, index=True
+    )
     deliveries: Mapped[int] = mapped_column(Integer, default=0)
     error: Mapped[str | None] = mapped_column(Text, default=None)
+    # Times an operator replayed the event; the current generation of its outbox rows.
+    replays: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class LlmCallRow(Base):
@@ -92,11 +96,15 @@ class OutboxStatus:
 
 
 class OutboxRow(Base):
-    """A tool call waiting to be (or already) published; ``id`` order is publish order."""
+    """A tool call waiting to be (or already) published; ``id`` order is publish order.
+
+    ``generation`` is the event's replay count when the row was written: a replay stores a new
+    generation beside the earlier one (kept as history) with its own dedup ids.
+    """
 
     __tablename__ = "outbox"
     __table_args__ = (
-        UniqueConstraint("event_id", "seq", name="uq_outbox_event_seq"),
+        UniqueConstraint("event_id", "generation", "seq", name="uq_outbox_event_generation_seq"),
         Index("ix_outbox_status_id", "status", "id"),
     )
 
@@ -105,6 +113,7 @@ class OutboxRow(Base):
     )
     event_id: Mapped[str] = mapped_column(String(64), ForeignKey("events.id"))
     seq: Mapped[int] = mapped_column(Integer)
+    generation: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     llm_call_id: Mapped[str] = mapped_column(String(64))
     tool: Mapped[str] = mapped_column(String(64))
     topic_arn: Mapped[str | None] = mapped_column(String(300), default=None)

@@ -27,15 +27,28 @@ class EventRepository:
         return await self.session.get(EventRow, event_id)
 
     async def start_delivery(self, *, fields: dict[str, Any]) -> EventRow:
-        """Insert the event on first delivery; count every delivery."""
-        row = await self.session.get(EventRow, fields["id"], with_for_update=True)
-        if row is None:
-            row = EventRow(**fields, status=EventStatus.PROCESSING, deliveries=0)
+        """Insert the event on first delivery; count every delivery.
+
+        The count is an UPDATE issued before the read, so the read runs under the write lock
+        (SQLite) or row lock (PostgreSQL) and sees a replay committed meanwhile: an operator
+        replay holds that lock until its stream entry is added and its reset committed.
+        """
+        counted = await self.session.execute(
+            update(EventRow)
+            .where(EventRow.id == fields["id"])
+            .values(deliveries=EventRow.deliveries + 1, updated_at=utcnow())
+        )
+        if getattr(counted, "rowcount", 0) == 0:
+            row = EventRow(**fields, status=EventStatus.PROCESSING, deliveries=1)
             self.session.add(row)
-        row.deliveries += 1
-        row.updated_at = utcnow()
-        await self.session.flush()
-        return row
+            await self.session.flush()
+            return row
+        found = await self.session.get(EventRow, fields["id"], populate_existing=True)
+        assert found is not None  # just updated, in this transaction
+        if found.status == EventStatus.QUEUED:  # an operator replay put it back on the queue
+            found.status = EventStatus.PROCESSING
+            await self.session.flush()
+        return found
 
     async def set_status(self, event_id: str, status: str, *, error: str | None = None) -> None:
         await self.session.execute(
@@ -68,10 +81,14 @@ class OutboxRepository:
     def add_all(self, rows: Sequence[OutboxRow]) -> None:
         self.session.add_all(rows)
 
-    async def for_event(self, event_id: str) -> Sequence[OutboxRow]:
-        result = await self.session.scalars(
-            select(OutboxRow).where(OutboxRow.event_id == event_id).order_by(OutboxRow.seq)
-        )
+    async def for_event(
+        self, event_id: str, *, generation: int | None = None
+    ) -> Sequence[OutboxRow]:
+        """The event's tool calls: of one replay generation, or of all (oldest first)."""
+        query = select(OutboxRow).where(OutboxRow.event_id == event_id)
+        if generation is not None:
+            query = query.where(OutboxRow.generation == generation)
+        result = await self.session.scalars(query.order_by(OutboxRow.generation, OutboxRow.seq))
         return result.all()
 
     async def pending(self, *, limit: int) -> Sequence[OutboxRow]:
@@ -106,11 +123,16 @@ class OutboxRepository:
             values["status"] = OutboxStatus.DEAD
         await self.session.execute(update(OutboxRow).where(OutboxRow.id == row_id).values(values))
 
-    async def unpublished_count(self, event_id: str) -> int:
+    async def unpublished_count(self, event_id: str, *, generation: int = 0) -> int:
+        """Rows of one generation not yet published (earlier generations are history)."""
         result = await self.session.scalar(
             select(func.count())
             .select_from(OutboxRow)
-            .where(OutboxRow.event_id == event_id, OutboxRow.status != OutboxStatus.PUBLISHED)
+            .where(
+                OutboxRow.event_id == event_id,
+                OutboxRow.generation == generation,
+                OutboxRow.status != OutboxStatus.PUBLISHED,
+            )
         )
         return int(result or 0)
 

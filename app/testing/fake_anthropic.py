@@ -167,12 +167,13 @@ class FakeAnthropicServer:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8787)
     parser.add_argument("--latency", type=float, default=0.0)
     parser.add_argument("--jitter", type=float, default=0.0)
     args = parser.parse_args()
     behaviour = FakeBehaviour(latency=args.latency, jitter=args.jitter)
-    uvicorn.run(build_app(behaviour), host="127.0.0.1", port=args.port, log_level="warning")
+    uvicorn.run(build_app(behaviour), host=args.host, port=args.port, log_level="warning")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,68 @@
+"""Admin API response shapes.
+
+Audit rows (``llm_calls``) and tool calls (outbox rows) are serialized column by column, so
+columns added to those tables appear in the API without a schema change here.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Generic, Literal, TypeVar
+
+from pydantic import BaseModel
+
+T = TypeVar("T")
+
+EventStatusName = Literal[
+    "queued", "processing", "published", "no_action", "filtered", "dead_lettered"
+]
+
+
+class Page(BaseModel, Generic[T]):
+    """One page of a listing, newest first. ``total`` counts every match of the filters;
+    pass ``next_cursor`` back as ``cursor`` for the next page (null on the last one)."""
+
+    items: list[T]
+    total: int
+    next_cursor: str | None
+
+
+class TimelineEntry(BaseModel):
+    at: datetime | None
+    stage: str
+    detail: str | None = None
+
+
+class DeadLetterOut(BaseModel):
+    id: int
+    event_id: str
+    stage: str
+    reason: str
+    created_at: datetime
+    replayed_at: datetime | None
+
+
+class EventSummary(BaseModel):
+    event_id: str
+    source: str | None
+    type: str | None
+    group_key: str | None
+    status: EventStatusName
+    received_at: datetime | None
+    updated_at: datetime | None = None
+    generation: int = 0
+    error: str | None = None
+
+
+class EventDetail(EventSummary):
+    timeline: list[TimelineEntry]
+    llm_calls: list[dict[str, Any]]
+    tool_calls: list[dict[str, Any]]
+    dead_letter: DeadLetterOut | None
+
+
+class ReplayAccepted(BaseModel):
+    dead_letter_id: int
+    event_id: str
+    generation: int
+    status: Literal["queued"] = "queued"

@@ -1,0 +1,187 @@
+"""Admin logic: what happened to an event, the audit log, dead letters and their replay.
+
+Replay invariant: the event row is locked, reset (status ``queued``, a new generation) and
+only committed after its entry is on the stream, so a worker never sees the entry before the
+reset (on PostgreSQL it waits for the lock) and a failed XADD leaves the dead letter as it was.
+"""
+
+from __future__ import annotations
+
+import structlog
+from redis.exceptions import RedisError
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from app.admin import views
+from app.admin.exceptions import DeadLetterNotFound, EventNotFound, ReplayConflict
+from app.admin.pagination import (
+    as_utc,
+    decode_id_cursor,
+    decode_time_cursor,
+    id_cursor,
+    time_cursor,
+)
+from app.admin.repository import AdminRepository, DeadLetterFilter, EventFilter, LlmCallFilter
+from app.admin.schemas import (
+    DeadLetterOut,
+    EventDetail,
+    EventSummary,
+    Page,
+    ReplayAccepted,
+    TimelineEntry,
+)
+from app.errors import QueueUnavailable
+from app.ingest.schemas import Event
+from app.queue.requeue import requeue_event
+from app.queue.streams import EventQueue
+from app.store.models import EventStatus, utcnow
+from app.store.repository import (
+    DeadLetterRepository,
+    EventRepository,
+    LlmCallRepository,
+    OutboxRepository,
+)
+
+log = structlog.get_logger(__name__)
+
+
+class AdminService:
+    def __init__(
+        self,
+        *,
+        sessions: async_sessionmaker[AsyncSession],
+        queue: EventQueue,
+        marker_ttl_ms: int,
+    ) -> None:
+        self.sessions = sessions
+        self.queue = queue
+        self.marker_ttl_ms = marker_ttl_ms
+
+    async def event(self, event_id: str) -> EventDetail:
+        async with self.sessions() as session:
+            row = await EventRepository(session).get(event_id)
+            if row is None:
+                return await self._queued_only(event_id)
+            calls = await LlmCallRepository(session).for_event(event_id)
+            outbox = await OutboxRepository(session).for_event(event_id)
+            dead = await DeadLetterRepository(session).for_event(event_id)
+        return EventDetail(
+            **views.summary(row).model_dump(),
+            timeline=views.timeline(row, calls=calls, outbox=outbox, dead_letters=dead),
+            llm_calls=[views.llm_call(c) for c in calls],
+            tool_calls=[views.tool_call(o) for o in outbox],
+            dead_letter=views.dead_letter(dead[-1]) if dead else None,
+        )
+
+    async def _queued_only(self, event_id: str) -> EventDetail:
+        """An event on the stream that no worker has stored yet: only Redis knows it."""
+        try:
+            queued = await self.queue.is_queued(event_id)
+        except (RedisError, OSError) as exc:
+            raise QueueUnavailable("the event queue is unreachable; retry later") from exc
+        if not queued:
+            raise EventNotFound(f"no event {event_id!r} (unknown, or deleted by retention)")
+        return EventDetail(
+            event_id=event_id,
+            source=None,
+            type=None,
+            group_key=None,
+            status="queued",
+            received_at=None,
+            timeline=[TimelineEntry(at=None, stage="queued", detail="waiting for a worker")],
+            llm_calls=[],
+            tool_calls=[],
+            dead_letter=None,
+        )
+
+    async def events(
+        self, flt: EventFilter, *, limit: int, cursor: str | None
+    ) -> Page[EventSummary]:
+        async with self.sessions() as session:
+            rows, total = await AdminRepository(session).events(
+                flt, limit=limit, after=decode_time_cursor(cursor)
+            )
+        last = rows[-1] if len(rows) == limit else None
+        return Page(
+            items=[views.summary(r) for r in rows],
+            total=total,
+            next_cursor=time_cursor(last.received_at, last.id) if last else None,
+        )
+
+    async def llm_calls(
+        self, flt: LlmCallFilter, *, limit: int, cursor: str | None
+    ) -> Page[dict[str, object]]:
+        async with self.sessions() as session:
+            rows, total = await AdminRepository(session).llm_calls(
+                flt, limit=limit, after=decode_time_cursor(cursor)
+            )
+        last = rows[-1] if len(rows) == limit else None
+        return Page(
+            items=[views.llm_call(r) for r in rows],
+            total=total,
+            next_cursor=time_cursor(last.created_at, last.id) if last else None,
+        )
+
+    async def dead_letters(
+        self, flt: DeadLetterFilter, *, limit: int, cursor: str | None
+    ) -> Page[DeadLetterOut]:
+        async with self.sessions() as session:
+            rows, total = await AdminRepository(session).dead_letters(
+                flt, limit=limit, after=decode_id_cursor(cursor)
+            )
+        last = rows[-1] if len(rows) == limit else None
+        return Page(
+            items=[views.dead_letter(r) for r in rows],
+            total=total,
+            next_cursor=id_cursor(last.id) if last else None,
+        )
+
+    async def replay(self, dead_letter_id: int) -> ReplayAccepted:
+        """Send the dead letter's event through the pipeline again, as a new generation."""
+        async with self.sessions() as session:
+            repo = AdminRepository(session)
+            dead = await repo.dead_letter(dead_letter_id, lock=True)
+            if dead is None:
+                raise DeadLetterNotFound(f"no dead letter {dead_letter_id}")
+            if dead.replayed_at is not None:
+                raise ReplayConflict(f"dead letter {dead_letter_id} was already replayed")
+            row = await repo.lock_event(dead.event_id)
+            if row is None:
+                raise ReplayConflict(f"event {dead.event_id} is gone (deleted by retention)")
+            if row.status != EventStatus.DEAD_LETTERED:
+                raise ReplayConflict(
+                    f"event {row.id} is {row.status}, not dead_lettered: nothing to replay"
+                )
+            row.replays += 1
+            row.status = EventStatus.QUEUED
+            row.deliveries = 0
+            row.error = None
+            row.updated_at = dead.replayed_at = utcnow()
+            await session.flush()
+            event = Event(
+                id=row.id,
+                source=row.source,
+                type=row.type,
+                group_key=row.group_key,
+                delivery_id=row.delivery_id,
+                pipeline=row.pipeline,
+                received_at=as_utc(row.received_at),
+                payload=row.payload,
+                generation=row.replays,
+            )
+            try:
+                partition = await requeue_event(self.queue, event, marker_ttl_ms=self.marker_ttl_ms)
+            except (RedisError, OSError) as exc:
+                await session.rollback()
+                raise QueueUnavailable("the event queue is unreachable; retry later") from exc
+            await session.commit()
+        log.info(
+            "dead_letter_replayed",
+            dead_letter_id=dead_letter_id,
+            event_id=event.id,
+            source=event.source,
+            partition=partition,
+            generation=event.generation,
+        )
+        return ReplayAccepted(
+            dead_letter_id=dead_letter_id, event_id=event.id, generation=event.generation
+        )

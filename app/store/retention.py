@@ -1,0 +1,108 @@
+"""Retention: delete audit rows and finished events older than a configured age.
+
+An event is deleted only in a final state (published, no_action, filtered, dead_lettered)
+and only when its last change is older than the cutoff; its tool calls and dead letters go
+with it. Audit rows (``llm_calls``) go by their own age. Deletes run in small batches, each
+its own transaction, so the job never holds long locks; several gateways running it at once
+only repeat idempotent deletes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+
+import structlog
+from sqlalchemy import delete, select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from app.observability.metrics import RETENTION_DELETED
+from app.store.models import DeadLetterRow, EventRow, EventStatus, LlmCallRow, OutboxRow, utcnow
+
+log = structlog.get_logger(__name__)
+FINISHED = (
+    EventStatus.PUBLISHED,
+    EventStatus.NO_ACTION,
+    EventStatus.FILTERED,
+    EventStatus.DEAD_LETTERED,
+)
+
+
+class RetentionRepository:
+    def __init__(self, session: AsyncSession) -> None:
+        self.session = session
+
+    async def delete_llm_calls(self, *, before: datetime, limit: int) -> int:
+        ids = (
+            await self.session.scalars(
+                select(LlmCallRow.id).where(LlmCallRow.created_at < before).limit(limit)
+            )
+        ).all()
+        if ids:
+            await self.session.execute(delete(LlmCallRow).where(LlmCallRow.id.in_(ids)))
+        return len(ids)
+
+    async def finished_event_ids(self, *, before: datetime, limit: int) -> Sequence[str]:
+        result = await self.session.scalars(
+            select(EventRow.id)
+            .where(EventRow.status.in_(FINISHED), EventRow.updated_at < before)
+            .limit(limit)
+        )
+        return result.all()
+
+    async def delete_events(self, ids: Sequence[str]) -> dict[str, int]:
+        """The events, their outbox rows and dead letters (children first: foreign keys)."""
+        counts = {}
+        for table, column in (
+            (OutboxRow, OutboxRow.event_id),
+            (DeadLetterRow, DeadLetterRow.event_id),
+            (EventRow, EventRow.id),
+        ):
+            result = await self.session.execute(delete(table).where(column.in_(ids)))
+            counts[table.__tablename__] = int(getattr(result, "rowcount", 0) or 0)
+        return counts
+
+
+class RetentionJob:
+    def __init__(
+        self,
+        *,
+        sessions: async_sessionmaker[AsyncSession],
+        max_age_seconds: int,
+        interval_seconds: float,
+        batch_size: int = 500,
+    ) -> None:
+        self.sessions = sessions
+        self.max_age = timedelta(seconds=max_age_seconds)
+        self.interval_seconds = interval_seconds
+        self.batch_size = batch_size
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.run_once()
+            except Exception:
+                log.exception("retention_failed")
+            await asyncio.sleep(self.interval_seconds)
+
+    async def run_once(self, *, now: datetime | None = None) -> dict[str, int]:
+        """Delete everything past the cutoff; returns rows deleted per table."""
+        cutoff = (now or utcnow()) - self.max_age
+        totals = {"llm_calls": 0, "outbox": 0, "dead_letters": 0, "events": 0}
+        while True:
+            async with self.sessions() as session:
+                repo = RetentionRepository(session)
+                calls = await repo.delete_llm_calls(before=cutoff, limit=self.batch_size)
+                ids = await repo.finished_event_ids(before=cutoff, limit=self.batch_size)
+                counts = await repo.delete_events(ids) if ids else {}
+                await session.commit()
+            counts["llm_calls"] = calls
+            for table, count in counts.items():
+                totals[table] += count
+                RETENTION_DELETED.labels(table=table).inc(count)
+            if calls < self.batch_size and len(ids) < self.batch_size:
+                break
+        if any(totals.values()):
+            log.info("retention_deleted", cutoff=cutoff.isoformat(), **totals)
+        return totals

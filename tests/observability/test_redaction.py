@@ -1,0 +1,43 @@
+"""Secret values never reach a log line, even when a call site logs them by mistake."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+import structlog
+
+from app.observability.logging import configure_logging
+
+
+def test_secret_keys_and_headers_are_redacted(capsys: pytest.CaptureFixture[str]) -> None:
+    configure_logging(fmt="json")
+    structlog.get_logger("t").info(
+        "oops",
+        token="tok-123",
+        api_key="sk-ant-456",
+        headers={
+            "Authorization": "Bearer admin-789",
+            "X-Hub-Signature-256": "sha256=abc",
+            "webhook-signature": "v1,xyz",
+            "X-GitHub-Event": "issues",
+        },
+        event_id="evt_1",
+    )
+    line = orjson.loads(capsys.readouterr().err.strip().splitlines()[-1])
+    text = orjson.dumps(line).decode()
+    for secret in ("tok-123", "sk-ant-456", "admin-789", "sha256=abc", "v1,xyz"):
+        assert secret not in text
+    assert line["headers"]["X-GitHub-Event"] == "issues"
+    assert line["headers"]["Authorization"] == "[redacted]"
+    assert line["token"] == "[redacted]"
+    assert line["event_id"] == "evt_1"
+
+
+def test_bound_context_is_merged_into_every_line(capsys: pytest.CaptureFixture[str]) -> None:
+    configure_logging(fmt="json")
+    with structlog.contextvars.bound_contextvars(event_id="evt_2", source="github", partition=3):
+        structlog.get_logger("t").info("inside")
+    structlog.get_logger("t").info("outside")
+    inside, outside = (orjson.loads(x) for x in capsys.readouterr().err.strip().splitlines())
+    assert (inside["event_id"], inside["source"], inside["partition"]) == ("evt_2", "github", 3)
+    assert "event_id" not in outside

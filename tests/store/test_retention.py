@@ -1,0 +1,103 @@
+"""Retention deletes old audit rows and old finished events (with their tool calls and dead
+letters), and keeps recent rows and events still in flight."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from app.store.models import DeadLetterRow, EventRow, LlmCallRow, OutboxRow
+from app.store.retention import RetentionJob
+
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+OLD = NOW - timedelta(days=40)
+RECENT = NOW - timedelta(days=1)
+
+
+def _event(event_id: str, *, status: str, at: datetime) -> EventRow:
+    return EventRow(
+        id=event_id,
+        source="github",
+        type="issues.opened",
+        group_key="acme/api",
+        delivery_id=event_id,
+        pipeline="triage",
+        status=status,
+        payload={},
+        received_at=at,
+        updated_at=at,
+        deliveries=1,
+    )
+
+
+async def _seed(sessions: async_sessionmaker[AsyncSession]) -> None:
+    async with sessions() as session:
+        session.add_all(
+            [
+                _event("evt_old_published", status="published", at=OLD),
+                _event("evt_old_dead", status="dead_lettered", at=OLD),
+                _event("evt_old_processing", status="processing", at=OLD),
+                _event("evt_recent", status="published", at=RECENT),
+            ]
+        )
+        await session.flush()
+        for n, (event_id, at) in enumerate(
+            [("evt_old_published", OLD), ("evt_old_dead", OLD), ("evt_recent", RECENT)]
+        ):
+            session.add(
+                LlmCallRow(
+                    id=f"llm_{n}",
+                    event_id=event_id,
+                    pipeline="triage",
+                    model="m",
+                    attempt=1,
+                    status="ok",
+                    latency_ms=1.0,
+                    tool_calls=[],
+                    created_at=at,
+                )
+            )
+            session.add(
+                OutboxRow(
+                    event_id=event_id,
+                    seq=0,
+                    llm_call_id=f"llm_{n}",
+                    tool="publishAlert",
+                    group_id="acme/api",
+                    dedup_id=f"d{n}",
+                    body="{}",
+                )
+            )
+        session.add(DeadLetterRow(event_id="evt_old_dead", stage="llm", reason="x", created_at=OLD))
+        await session.commit()
+
+
+async def _count(sessions: async_sessionmaker[AsyncSession], table: type) -> int:
+    async with sessions() as session:
+        return int(await session.scalar(select(func.count()).select_from(table)) or 0)
+
+
+async def test_retention_deletes_old_finished_events_and_audit_rows(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    await _seed(sessions)
+    job = RetentionJob(
+        sessions=sessions, max_age_seconds=30 * 86400, interval_seconds=60, batch_size=1
+    )
+    deleted = await job.run_once(now=NOW)
+    assert deleted == {"llm_calls": 2, "outbox": 2, "dead_letters": 1, "events": 2}
+    async with sessions() as session:
+        left = set((await session.scalars(select(EventRow.id))).all())
+        calls = set((await session.scalars(select(LlmCallRow.id))).all())
+    assert left == {"evt_old_processing", "evt_recent"}  # in flight, or too recent
+    assert calls == {"llm_2"}
+    assert await _count(sessions, OutboxRow) == 1
+    assert await _count(sessions, DeadLetterRow) == 0
+    assert await job.run_once(now=NOW) == {
+        "llm_calls": 0,
+        "outbox": 0,
+        "dead_letters": 0,
+        "events": 0,
+    }
