@@ -26,3 +26,21 @@ END_TO_END = Histogram(
     "Webhook received → last tool call published",
     buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 300),
 )
+
+# LLM call discipline (issue 4).
+CIRCUIT_BREAKER_STATE = Gauge(
+    "eventgate_circuit_breaker_state",
+    "Circuit breaker per model: 0 closed, 1 half-open, 2 open",
+    ["model"],
+)
+LLM_COST = Counter("eventgate_llm_cost_usd_total", "Claude spend in USD", ["pipeline"])
+LLM_BUDGET_REMAINING = Gauge(
+    "eventgate_llm_budget_remaining",
+    "What is left of a pipeline's daily budget (unit: tokens or usd)",
+    ["pipeline", "unit"],
+)
+LLM_RATE_WAIT = Counter(
+    "eventgate_llm_rate_limit_wait_seconds_total",
+    "Time callers were told to wait by the shared rate limiter",
+    ["model"],
+)
