@@ -119,6 +119,8 @@ class GuardedCaller:
                 reply = await self._attempt(event.pipeline, client, this, permit, spent=spent)
             except ClaudeError as exc:
                 await self._after_failure(event, this, permit, exc)
+                if not exc.retryable:
+                    raise CallAbandoned(f"{exc.error_type}: {exc}") from exc
                 if permit.state is BreakerState.CLOSED:
                     counted += 1
                 spent += exc.latency_ms / 1000
