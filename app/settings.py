@@ -62,6 +62,7 @@ class Settings(BaseSettings):
     llm_breaker_min_calls: int = Field(default=5, ge=1)
     llm_breaker_failure_ratio: float = Field(default=0.5, gt=0, le=1)
     llm_breaker_cooldown_seconds: float = Field(default=15.0, gt=0)
+    llm_breaker_consecutive_failures: int = Field(default=5, ge=1)
     llm_audit_text: str = Field(default="redacted", pattern="^(full|redacted|none)$")
     llm_budget_poll_seconds: float = Field(default=30.0, gt=0)
     llm_bedrock_region: str | None = None

@@ -1,6 +1,7 @@
 """Circuit breaker per provider + model, its state shared by every process through Redis.
 
-closed ──(≥ failure_ratio of ≥ min_calls in the rolling window fail)──▶ open
+closed ──(≥ failure_ratio of ≥ min_calls in the rolling window fail,
+          or consecutive_failures in a row)──▶ open
 open ──(cooldown passed; the first caller becomes the one probe)──▶ half_open
 half_open ──(probe succeeds)──▶ closed     half_open ──(probe fails)──▶ open (new cooldown)
 
@@ -9,6 +10,8 @@ they never fail the event. A probe that never reports back (its process died) ex
 ``probe_ttl`` and the next caller becomes the probe. Only results recorded while closed enter
 the window; in half_open only the probe's result moves the state. Failures are what say the
 upstream is unwell (5xx, 529, 408, timeouts, connection errors); 4xx and 429 are not.
+The consecutive rule matters after a long healthy spell: a window full of successes would
+otherwise need as many failures again before the ratio trips, while events burn retries.
 Time comes from an injectable clock and is passed to the scripts, so tests drive it.
 """
 
@@ -46,22 +49,26 @@ end
 return {0, 'half_open', tostring(probe_until - now)}
 """
 
-# KEYS: state, calls, fails. ARGV: now, ok, probe, window, min_calls, ratio, member.
+# KEYS: state, calls, fails. ARGV: now, ok, probe, window, min_calls, ratio, member,
+# consecutive_failures. Returns {state, 1 if this call changed it}.
 _RECORD = """
 local now = tonumber(ARGV[1])
 local ok = ARGV[2] == '1'
 local state = redis.call('HGET', KEYS[1], 'state') or 'closed'
 if state == 'half_open' then
-  if ARGV[3] ~= '1' then return state end
+  if ARGV[3] ~= '1' then return {state, 0} end
   redis.call('DEL', KEYS[2], KEYS[3])
   if ok then
-    redis.call('HSET', KEYS[1], 'state', 'closed')
-    return 'closed'
+    redis.call('HSET', KEYS[1], 'state', 'closed', 'consecutive', '0')
+    return {'closed', 1}
   end
   redis.call('HSET', KEYS[1], 'state', 'open', 'opened_at', tostring(now))
-  return 'open'
+  return {'open', 1}
 end
-if state == 'open' then return state end
+if state == 'open' then return {state, 0} end
+local consecutive = 0
+if not ok then consecutive = redis.call('HINCRBY', KEYS[1], 'consecutive', 1)
+else redis.call('HSET', KEYS[1], 'consecutive', '0') end
 local window = tonumber(ARGV[4])
 redis.call('ZADD', KEYS[2], now, ARGV[7])
 if not ok then redis.call('ZADD', KEYS[3], now, ARGV[7]) end
@@ -71,12 +78,13 @@ redis.call('EXPIRE', KEYS[2], math.ceil(window) + 1)
 redis.call('EXPIRE', KEYS[3], math.ceil(window) + 1)
 local calls = redis.call('ZCARD', KEYS[2])
 local fails = redis.call('ZCARD', KEYS[3])
-if calls >= tonumber(ARGV[5]) and fails >= tonumber(ARGV[6]) * calls then
+local tripped = calls >= tonumber(ARGV[5]) and fails >= tonumber(ARGV[6]) * calls
+if tripped or consecutive >= tonumber(ARGV[8]) then
   redis.call('DEL', KEYS[2], KEYS[3])
-  redis.call('HSET', KEYS[1], 'state', 'open', 'opened_at', tostring(now))
-  return 'open'
+  redis.call('HSET', KEYS[1], 'state', 'open', 'opened_at', tostring(now), 'consecutive', '0')
+  return {'open', 1}
 end
-return 'closed'
+return {'closed', 0}
 """
 
 
@@ -95,6 +103,7 @@ class BreakerPolicy:
     min_calls: int = 5
     failure_ratio: float = 0.5
     cooldown_seconds: float = 15.0
+    consecutive_failures: int = 5
     # How long a half-open probe may stay out before another caller may probe.
     probe_ttl_seconds: float = 60.0
 
@@ -143,7 +152,7 @@ class CircuitBreaker:
 
     async def record(self, provider: str, model: str, *, ok: bool, permit: Permit) -> BreakerState:
         p = self.policy
-        raw = await self._record(
+        raw, changed = await self._record(
             keys=self._keys(provider, model),
             args=[
                 self.clock(),
@@ -153,10 +162,11 @@ class CircuitBreaker:
                 p.min_calls,
                 p.failure_ratio,
                 uuid.uuid4().hex,
+                p.consecutive_failures,
             ],
         )
         state = BreakerState(_text(raw))
-        if state is not permit.state:
+        if changed:
             log.warning("circuit_breaker_changed", provider=provider, model=model, state=state)
         CIRCUIT_BREAKER_STATE.labels(model=model).set(STATE_VALUE[state])
         return state

@@ -9,7 +9,7 @@ allowed), while the rate limiter or a ``wait`` budget says no, the call waits an
 stays queued. An event gives up only on failures made while the breaker was closed — after
 ``max_attempts`` of them, or once its failing attempts and backoff exceed the event deadline
 — and only if the breaker is still closed then; otherwise the outage is the breaker's to
-handle and the event's count starts again.
+handle and the event's count starts again. 429s and half-open probes never count.
 """
 
 from __future__ import annotations
@@ -121,9 +121,12 @@ class GuardedCaller:
                 await self._after_failure(event, this, permit, exc)
                 if not exc.retryable:
                     raise CallAbandoned(f"{exc.error_type}: {exc}") from exc
-                if permit.state is BreakerState.CLOSED:
+                # A 429 is the limiter's to pace, an open breaker's failures the outage's:
+                # neither counts against the event.
+                counts = exc.status != 429 and permit.state is BreakerState.CLOSED
+                if counts:
                     counted += 1
-                spent += exc.latency_ms / 1000
+                    spent += exc.latency_ms / 1000
                 if counted >= self.retry.max_attempts or spent >= self.retry.event_deadline_seconds:
                     if await self.breaker.state(pipeline.provider, model) is BreakerState.CLOSED:
                         raise CallAbandoned(
@@ -133,7 +136,7 @@ class GuardedCaller:
                     counted, spent = 0, 0.0  # an outage: the breaker is handling it
                 retries += 1
                 delay = self.retry.backoff(retries, exc.retry_after)
-                spent += delay
+                spent += delay if counts else 0.0
                 log.warning(
                     "llm_retry",
                     event_id=event.id,

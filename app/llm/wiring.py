@@ -69,6 +69,7 @@ def breaker_policy(settings: Settings) -> BreakerPolicy:
         min_calls=settings.llm_breaker_min_calls,
         failure_ratio=settings.llm_breaker_failure_ratio,
         cooldown_seconds=settings.llm_breaker_cooldown_seconds,
+        consecutive_failures=settings.llm_breaker_consecutive_failures,
         probe_ttl_seconds=settings.llm_timeout_seconds + 5,
     )
 

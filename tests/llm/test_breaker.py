@@ -10,7 +10,12 @@ from app.observability.metrics import CIRCUIT_BREAKER_STATE
 from tests.llm.helpers import FakeClock
 
 POLICY = BreakerPolicy(
-    window_seconds=30, min_calls=5, failure_ratio=0.5, cooldown_seconds=15, probe_ttl_seconds=60
+    window_seconds=30,
+    min_calls=5,
+    failure_ratio=0.5,
+    cooldown_seconds=15,
+    probe_ttl_seconds=60,
+    consecutive_failures=100,  # the ratio rule alone, except where a test says otherwise
 )
 M = "claude-sonnet-4-5"
 
@@ -50,6 +55,18 @@ async def test_a_failure_ratio_below_threshold_stays_closed(
     breaker = _breaker(redis, redis_prefix, FakeClock())
     # One failure in three, as in the end-to-end run: 4/12 fail, never open.
     assert await _outcomes(breaker, [True, True, False] * 4) is BreakerState.CLOSED
+
+
+async def test_consecutive_failures_open_it_even_after_a_long_healthy_spell(
+    redis: Redis, redis_prefix: str
+) -> None:
+    policy = BreakerPolicy(window_seconds=30, min_calls=5, consecutive_failures=3)
+    breaker = CircuitBreaker(redis, prefix=redis_prefix, policy=policy, clock=FakeClock())
+    # 40 successes: the ratio rule would need 40 failures more.
+    assert await _outcomes(breaker, [True] * 40) is BreakerState.CLOSED
+    # A success in between resets the run.
+    assert await _outcomes(breaker, [False, False, True, False, False]) is BreakerState.CLOSED
+    assert await _outcomes(breaker, [False]) is BreakerState.OPEN
 
 
 async def test_old_calls_leave_the_rolling_window(redis: Redis, redis_prefix: str) -> None:
