@@ -45,12 +45,49 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class BudgetConfig(_Strict):
+    """A pipeline's daily spend (UTC day), counted in Redis across processes."""
+
+    daily_tokens: int | None = Field(default=None, ge=1)
+    daily_cost_usd: float | None = Field(default=None, gt=0)
+    # wait: events stay queued until the next UTC day; dead_letter: they are dead-lettered.
+    on_exhausted: Literal["wait", "dead_letter"] = "wait"
+
+    @model_validator(mode="after")
+    def _some_limit(self) -> BudgetConfig:
+        if self.daily_tokens is None and self.daily_cost_usd is None:
+            raise ValueError("a budget needs 'daily_tokens' or 'daily_cost_usd'")
+        return self
+
+
 class PipelineConfig(_Strict):
     model: str
     fallback_model: str | None = None
     system: str
     tools: list[str] = Field(min_length=1)
     max_tokens: int = Field(default=1024, ge=1)
+    provider: Literal["anthropic", "bedrock"] = "anthropic"
+    # In-flight Claude calls of this pipeline in one process (the process limit still applies).
+    max_concurrency: int | None = Field(default=None, ge=1)
+    budget: BudgetConfig | None = None
+
+
+class PriceConfig(_Strict):
+    """USD per million tokens."""
+
+    input: float = Field(ge=0)
+    output: float = Field(ge=0)
+    cache_write: float = Field(ge=0)
+    cache_read: float = Field(ge=0)
+
+
+class ModelConfig(_Strict):
+    """Per-model limits shared by every process (0 = no local limit) and prices."""
+
+    requests_per_minute: int | None = Field(default=None, ge=0)
+    input_tokens_per_minute: int | None = Field(default=None, ge=0)
+    output_tokens_per_minute: int | None = Field(default=None, ge=0)
+    price: PriceConfig | None = None
 
 
 class ToolConfig(_Strict):
@@ -94,6 +131,7 @@ class GatewayConfig(_Strict):
     sources: dict[str, SourceConfig] = Field(min_length=1)
     pipelines: dict[str, PipelineConfig] = Field(min_length=1)
     tools: dict[str, ToolConfig] = Field(min_length=1)
+    models: dict[str, ModelConfig] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _references(self) -> GatewayConfig:

@@ -23,7 +23,7 @@ from app.ingest.router import router as ingest_router
 from app.ingest.service import IngestService
 from app.ingest.sources import AdapterDeps
 from app.llm.client import ClaudeClient
-from app.llm.pipeline import EventProcessor
+from app.llm.wiring import bedrock_client, build_processor, wants_bedrock
 from app.observability.logging import configure_logging
 from app.observability.router import router as health_router
 from app.publish.coordination import PublishedMemory, RelayLease
@@ -130,6 +130,9 @@ async def _build_state(
             api_key=settings.anthropic_api_key or "unset", timeout=settings.llm_timeout_seconds
         )
         stack.push_async_callback(state.claude.close)
+    if wants_bedrock(config):
+        state.bedrock = bedrock_client(settings)
+        stack.push_async_callback(state.bedrock.close)
     if any(tool.topic_arn for tool in config.tools.values()):
         sns = await stack.enter_async_context(
             aioboto3.Session().client("sns", region_name=settings.aws_region)
@@ -155,18 +158,11 @@ def _build_worker(state: AppState) -> None:
             ),
             poll_seconds=settings.relay_poll_seconds,
         )
-    if state.claude is None:
+    relay = state.relay
+    processor = build_processor(state, on_stored=relay.wake if relay is not None else lambda: None)
+    if processor is None:
         log.warning("llm_not_configured", detail="set ANTHROPIC_API_KEY; events stay queued")
         return
-    relay = state.relay
-    processor = EventProcessor(
-        config=state.config,
-        sessions=state.sessions,
-        claude=state.claude,
-        llm_slots=asyncio.Semaphore(settings.llm_max_concurrency),
-        max_deliveries=settings.max_deliveries,
-        on_stored=relay.wake if relay is not None else lambda: None,
-    )
     state.worker = QueueWorker(
         queue=state.queue,
         leases=PartitionLeases(

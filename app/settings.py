@@ -56,6 +56,27 @@ class Settings(BaseSettings):
     retention_seconds: int = Field(default=30 * 24 * 3600, ge=0)
     retention_interval_seconds: float = Field(default=3600.0, gt=0)
 
+    # --- LLM call discipline (issue 4): rate limits, retries, breaker, audit text ---
+    # Defaults for models without a `models:` entry in the config; 0 = no local limit (the
+    # anthropic-ratelimit-* headers and retry-after still slow the gateway down).
+    llm_requests_per_minute: int = Field(default=0, ge=0)
+    llm_input_tokens_per_minute: int = Field(default=0, ge=0)
+    llm_output_tokens_per_minute: int = Field(default=0, ge=0)
+    llm_retry_base_seconds: float = Field(default=1.0, gt=0)
+    llm_retry_cap_seconds: float = Field(default=30.0, gt=0)
+    llm_retry_after_max_seconds: float = Field(default=60.0, gt=0)
+    # Time one event may spend in failing attempts and backoff (waits for an open breaker,
+    # the rate limiter or a budget do not count).
+    llm_event_deadline_seconds: float = Field(default=600.0, gt=0)
+    llm_breaker_window_seconds: float = Field(default=30.0, gt=0)
+    llm_breaker_min_calls: int = Field(default=5, ge=1)
+    llm_breaker_failure_ratio: float = Field(default=0.5, gt=0, le=1)
+    llm_breaker_cooldown_seconds: float = Field(default=15.0, gt=0)
+    llm_breaker_consecutive_failures: int = Field(default=5, ge=1)
+    llm_audit_text: str = Field(default="redacted", pattern="^(full|redacted|none)$")
+    llm_budget_poll_seconds: float = Field(default=30.0, gt=0)
+    llm_bedrock_region: str | None = None
+
     @property
     def anthropic_api_key(self) -> str | None:
         return os.environ.get("ANTHROPIC_API_KEY") or os.environ.get("ANTHROPIC_AUTH_TOKEN")

@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from app.config import GatewayConfig
 from app.ingest.service import IngestService
 from app.llm.client import ClaudeClient
+from app.llm.health import LlmHealth
 from app.publish.relay import OutboxRelay
 from app.publish.sns import SnsPublisher
 from app.queue.backlog import BacklogMonitor
@@ -36,3 +37,6 @@ class AppState:
     relay: OutboxRelay | None = None
     worker: QueueWorker | None = None
     tasks: list[asyncio.Task[Any]] = field(default_factory=list)
+    # LLM call discipline (issue 4): Bedrock client, and the auth flag /readyz reads.
+    bedrock: ClaudeClient | None = None
+    llm_health: LlmHealth = field(default_factory=LlmHealth)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 import anthropic
-from anthropic import AsyncAnthropic
+from anthropic import AsyncAnthropic, AsyncAnthropicBedrock
 
 RETRYABLE_STATUS = frozenset({408, 409, 429})
 
@@ -46,6 +46,16 @@ class ClaudeRequest:
     messages: list[dict[str, Any]]
     max_tokens: int
 
+    def as_api(self) -> dict[str, Any]:
+        """The request body as sent (for token estimates and the prompt hash)."""
+        return {
+            "model": self.model,
+            "system": self.system,
+            "tools": self.tools,
+            "messages": self.messages,
+            "max_tokens": self.max_tokens,
+        }
+
 
 @dataclass(frozen=True, slots=True)
 class ClaudeReply:
@@ -73,18 +83,29 @@ def _retry_after(headers: Any) -> float | None:
 
 
 class ClaudeClient:
-    def __init__(self, client: AsyncAnthropic) -> None:
+    def __init__(
+        self, client: AsyncAnthropic | AsyncAnthropicBedrock, *, provider: str = "anthropic"
+    ) -> None:
         self.client = client
+        self.provider = provider
 
     @classmethod
     def from_env(cls, *, api_key: str | None, timeout: float) -> ClaudeClient:
         # base_url comes from ANTHROPIC_BASE_URL, read by the SDK itself.
         return cls(AsyncAnthropic(api_key=api_key, max_retries=0, timeout=timeout))
 
+    @classmethod
+    def bedrock(cls, *, region: str, timeout: float) -> ClaudeClient:
+        """Claude on Amazon Bedrock; credentials come from the usual AWS chain."""
+        client = AsyncAnthropicBedrock(aws_region=region, max_retries=0, timeout=timeout)
+        return cls(client, provider="bedrock")
+
     async def close(self) -> None:
         await self.client.close()
 
-    async def create(self, request: ClaudeRequest) -> ClaudeReply:
+    async def create(
+        self, request: ClaudeRequest, *, call_timeout: float | None = None
+    ) -> ClaudeReply:
         started = time.perf_counter()
         try:
             raw = await self.client.messages.with_raw_response.create(
@@ -93,6 +114,7 @@ class ClaudeClient:
                 tools=cast(Any, request.tools),
                 messages=cast(Any, request.messages),
                 max_tokens=request.max_tokens,
+                timeout=call_timeout if call_timeout is not None else anthropic.NOT_GIVEN,
             )
             message = await raw.parse()
         except anthropic.APIStatusError as exc:
@@ -102,7 +124,7 @@ class ClaudeClient:
                 error_type=type(exc).__name__,
                 retryable=status in RETRYABLE_STATUS or status >= 500,
                 status=status,
-                request_id=exc.response.headers.get("request-id"),
+                request_id=_request_id(exc.response.headers),
                 retry_after=_retry_after(exc.response.headers),
                 latency_ms=_ms(started),
             ) from exc
@@ -123,7 +145,7 @@ class ClaudeClient:
         usage = message.usage
         return ClaudeReply(
             model=message.model,
-            request_id=raw.headers.get("request-id"),
+            request_id=_request_id(raw.headers),
             stop_reason=message.stop_reason,
             content=[block.model_dump(mode="json", exclude_none=True) for block in message.content],
             latency_ms=_ms(started),
@@ -137,6 +159,11 @@ class ClaudeClient:
                 if k.startswith("anthropic-ratelimit-") or k == "retry-after"
             },
         )
+
+
+def _request_id(headers: Any) -> str | None:
+    value = headers.get("request-id") or headers.get("x-amzn-requestid")
+    return str(value) if value else None
 
 
 def _ms(started: float) -> float:

@@ -1,7 +1,9 @@
 """Process one event: Claude with the pipeline's tools → validated tool calls in the outbox.
 
 Invariants:
-- every attempt (success, API error, timeout) is an audit row, committed as it happens;
+- every attempt (success, API error, timeout, invalid tool input) is an audit row; failed
+  attempts are committed as they happen (see ``caller.py`` for retries, breaker and limits);
+- an invalid tool input gets one repair turn; still invalid → dead-lettered with the reason;
 - the successful attempt's audit row, the outbox rows and the event status are one
   transaction, and the caller acks the stream entry only after it has committed;
 - once tool calls are stored, processing the event again never calls Claude again.
@@ -9,10 +11,7 @@ Invariants:
 
 from __future__ import annotations
 
-import asyncio
-import random
-import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -22,19 +21,19 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.config import GatewayConfig
 from app.ingest.schemas import Event
-from app.llm.client import ClaudeClient, ClaudeError, ClaudeReply, ClaudeRequest
+from app.llm.audit import AuditRecorder, new_call_id
+from app.llm.caller import CallAbandoned, CallResult, GuardedCaller
+from app.llm.client import ClaudeRequest
 from app.llm.prompts import render_event, system_blocks, tool_definitions
+from app.llm.tools import ToolCheck, check_tool_uses, repair_request
 from app.observability.metrics import (
     DEAD_LETTERS,
     DEDUP_HITS,
     EVENTS_FINISHED,
     GROUP_ID_DISAGREEMENTS,
-    LLM_DURATION,
-    LLM_REQUESTS,
-    LLM_TOKENS,
 )
 from app.publish.ids import deduplication_id, resolve_group_id
-from app.store.models import EventStatus, LlmCallRow, OutboxRow
+from app.store.models import EventStatus, OutboxRow
 from app.store.repository import (
     DeadLetterRepository,
     EventRepository,
@@ -55,29 +54,27 @@ class EventProcessor:
         *,
         config: GatewayConfig,
         sessions: async_sessionmaker[AsyncSession],
-        claude: ClaudeClient,
-        llm_slots: asyncio.Semaphore,
+        caller: GuardedCaller,
+        audit: AuditRecorder,
         max_deliveries: int,
         on_stored: Callable[[], None] = lambda: None,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-        retry_base: float = 1.0,
-        retry_cap: float = 30.0,
     ) -> None:
         self.config = config
         self.sessions = sessions
-        self.claude = claude
-        self.llm_slots = llm_slots
+        self.caller = caller
+        self.audit = audit
         self.max_deliveries = max_deliveries
         self.on_stored = on_stored
-        self.sleep = sleep
-        self.retry_base = retry_base
-        self.retry_cap = retry_cap
         self.validators = {
             name: Draft202012Validator(tool.input_schema) for name, tool in config.tools.items()
         }
 
     async def process(self, event: Event) -> None:
-        """Return once the event's outcome is committed (then the entry may be acked)."""
+        """Return once the event's outcome is committed (then the entry may be acked).
+
+        May wait a long time (open breaker, rate limit, exhausted ``wait`` budget): that
+        holds only this event's key lane, and the event stays queued meanwhile.
+        """
         log_ = log.bind(event_id=event.id, source=event.source, group_key=event.group_key)
         async with self.sessions() as session:
             row = await EventRepository(session).start_delivery(fields=_event_fields(event))
@@ -107,78 +104,64 @@ class EventProcessor:
             messages=[{"role": "user", "content": render_event(event)}],
             max_tokens=pipeline.max_tokens,
         )
-        attempt = first_attempt
-        retries = 0
-        while True:
-            try:
-                async with self.llm_slots:
-                    reply = await self.claude.create(request)
-            except ClaudeError as exc:
-                await self._audit_failure(event, attempt=attempt, model=pipeline.model, exc=exc)
-                if not exc.retryable:
-                    await self._dead_letter(event, stage="llm", reason=f"{exc.error_type}: {exc}")
-                    return
-                retries += 1
-                delay = self._backoff(retries, exc.retry_after)
-                log_.warning(
-                    "llm_retry",
-                    attempt=attempt,
-                    error=exc.error_type,
-                    status=exc.status,
-                    retry_in=round(delay, 2),
+        try:
+            result = await self.caller.call(event, request, attempt=first_attempt, reason=None)
+            check = self._check(event, result)
+            if check.invalid and result.reply.stop_reason not in NO_PUBLISH_STOPS:
+                await self._record_invalid(event, result, check)
+                result = await self.caller.call(
+                    event,
+                    repair_request(result.attempt.request, result.reply, check),
+                    attempt=result.attempt.number + 1,
+                    reason="repair: invalid tool input",
                 )
-                attempt += 1
-                await self.sleep(delay)
-                continue
-            await self._store(event, reply=reply, attempt=attempt, log_=log_)
+                check = self._check(event, result)
+        except CallAbandoned as exc:
+            await self._dead_letter(event, stage="llm", reason=str(exc))
             return
+        await self._store(event, result=result, check=check, log_=log_)
 
-    def _backoff(self, retries: int, retry_after: float | None) -> float:
-        delay = random.uniform(0, min(self.retry_cap, self.retry_base * 2**retries))
-        if retry_after is not None:
-            delay = max(delay, min(retry_after, 60.0))
-        return delay
+    def _check(self, event: Event, result: CallResult) -> ToolCheck:
+        offered = self.config.pipelines[event.pipeline].tools
+        return check_tool_uses(result.reply, offered=offered, validators=self.validators)
 
-    async def _store(self, event: Event, *, reply: ClaudeReply, attempt: int, log_: Any) -> None:
-        _observe(reply.model, "ok", reply.latency_ms, reply)
-        call_id = f"llm_{uuid.uuid4().hex}"
-        offered = set(self.config.pipelines[event.pipeline].tools)
-        uses = reply.tool_uses()
-        refused = [u["name"] for u in uses if u.get("name") not in offered]
-        accepted = [u for u in uses if u.get("name") in offered]
-        problems = [
-            f"{u['name']}: {err.message}"
-            for u in accepted
-            for err in list(self.validators[u["name"]].iter_errors(u.get("input")))[:1]
-        ]
+    async def _record_invalid(self, event: Event, result: CallResult, check: ToolCheck) -> None:
+        error = "invalid tool input (repair requested): " + "; ".join(check.problems())
+        row = self.audit.reply_row(
+            event, result.attempt, result.reply, status="invalid_tool_input", error=error
+        )
+        async with self.sessions() as session:
+            LlmCallRepository(session).add(row)
+            await session.commit()
+
+    async def _store(
+        self, event: Event, *, result: CallResult, check: ToolCheck, log_: Any
+    ) -> None:
+        reply = result.reply
+        call_id = new_call_id()
+        accepted, problems = check.accepted, check.problems()
         notes = []
-        if refused:
-            notes.append(f"refused tools not offered: {', '.join(sorted(set(refused)))}")
+        if check.refused:
+            notes.append(f"refused tools not offered: {', '.join(sorted(set(check.refused)))}")
         if reply.stop_reason in NO_PUBLISH_STOPS:
             notes.append(f"stop_reason {reply.stop_reason}: nothing published")
-            accepted = []
-        audit = LlmCallRow(
-            id=call_id,
-            event_id=event.id,
-            pipeline=event.pipeline,
-            model=reply.model,
-            attempt=attempt,
+            accepted, problems = [], []
+        audit = self.audit.reply_row(
+            event,
+            result.attempt,
+            reply,
             status="invalid_tool_input" if problems else "ok",
-            request_id=reply.request_id,
-            latency_ms=reply.latency_ms,
-            input_tokens=reply.input_tokens,
-            output_tokens=reply.output_tokens,
-            cache_creation_input_tokens=reply.cache_creation_input_tokens,
-            cache_read_input_tokens=reply.cache_read_input_tokens,
-            stop_reason=reply.stop_reason,
-            tool_calls=[{"name": u.get("name"), "input": u.get("input")} for u in uses],
             error="; ".join(problems + notes) or None,
+            call_id=call_id,
         )
         async with self.sessions() as session:
             LlmCallRepository(session).add(audit)
             if problems:
                 await self._dead_letter_in(
-                    session, event, stage="llm", reason="invalid tool input: " + "; ".join(problems)
+                    session,
+                    event,
+                    stage="llm",
+                    reason="invalid tool input after repair: " + "; ".join(problems),
                 )
                 await session.commit()
                 return
@@ -200,8 +183,9 @@ class EventProcessor:
             "llm_decided",
             model=reply.model,
             tool_calls=len(rows),
-            refused=refused,
+            refused=check.refused,
             stop_reason=reply.stop_reason,
+            cost_usd=result.cost_usd,
         )
 
     def _outbox_row(
@@ -231,28 +215,6 @@ class EventProcessor:
             body=orjson.dumps(body).decode(),
         )
 
-    async def _audit_failure(
-        self, event: Event, *, attempt: int, model: str, exc: ClaudeError
-    ) -> None:
-        _observe(model, "retry" if exc.retryable else "error", exc.latency_ms, None)
-        async with self.sessions() as session:
-            LlmCallRepository(session).add(
-                LlmCallRow(
-                    id=f"llm_{uuid.uuid4().hex}",
-                    event_id=event.id,
-                    pipeline=event.pipeline,
-                    model=model,
-                    attempt=attempt,
-                    status="retry" if exc.retryable else "error",
-                    request_id=exc.request_id,
-                    latency_ms=exc.latency_ms,
-                    tool_calls=[],
-                    error_type=exc.error_type,
-                    error=str(exc)[:2000],
-                )
-            )
-            await session.commit()
-
     async def _dead_letter(self, event: Event, *, stage: str, reason: str) -> None:
         async with self.sessions() as session:
             await self._dead_letter_in(session, event, stage=stage, reason=reason)
@@ -279,16 +241,3 @@ def _event_fields(event: Event) -> dict[str, Any]:
         "payload": event.payload,
         "received_at": event.received_at,
     }
-
-
-def _observe(model: str, outcome: str, latency_ms: float, reply: ClaudeReply | None) -> None:
-    LLM_REQUESTS.labels(model=model, outcome=outcome).inc()
-    LLM_DURATION.observe(latency_ms / 1000)
-    if reply is not None:
-        for kind, value in (
-            ("input", reply.input_tokens),
-            ("output", reply.output_tokens),
-            ("cache_creation", reply.cache_creation_input_tokens),
-            ("cache_read", reply.cache_read_input_tokens),
-        ):
-            LLM_TOKENS.labels(model=model, type=kind).inc(value)

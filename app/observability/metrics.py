@@ -44,12 +44,7 @@ GROUP_ID_DISAGREEMENTS = Counter(
     "Tool calls whose message_group_id differs from the event's group key",
     ["tool", "policy"],
 )
-# Operating metrics. Cost and breaker state are fed by the LLM stage; they are defined here
-# so dashboards and alerts can rely on the names.
-LLM_COST = Counter("eventgate_llm_cost_usd_total", "Estimated Claude spend in USD", ["pipeline"])
-CIRCUIT_BREAKER_STATE = Gauge(
-    "eventgate_circuit_breaker_state", "Circuit breaker: 0 closed, 1 half-open, 2 open", ["model"]
-)
+# Operating metrics.
 DEDUP_HITS = Counter(
     "eventgate_dedup_hits_total",
     "Duplicates stopped: delivery (redelivered webhook), processed (event already decided)",
@@ -57,4 +52,21 @@ DEDUP_HITS = Counter(
 )
 RETENTION_DELETED = Counter(
     "eventgate_retention_deleted_total", "Rows deleted by the retention job", ["table"]
+)
+# LLM call discipline (issue 4).
+CIRCUIT_BREAKER_STATE = Gauge(
+    "eventgate_circuit_breaker_state",
+    "Circuit breaker per model: 0 closed, 1 half-open, 2 open",
+    ["model"],
+)
+LLM_COST = Counter("eventgate_llm_cost_usd_total", "Claude spend in USD", ["pipeline"])
+LLM_BUDGET_REMAINING = Gauge(
+    "eventgate_llm_budget_remaining",
+    "What is left of a pipeline's daily budget (unit: tokens or usd)",
+    ["pipeline", "unit"],
+)
+LLM_RATE_WAIT = Counter(
+    "eventgate_llm_rate_limit_wait_seconds_total",
+    "Time callers were told to wait by the shared rate limiter",
+    ["model"],
 )

@@ -36,8 +36,8 @@ async def readiness(state: AppState) -> dict[str, str]:
         "redis": await _check(state.redis.ping()),
         "database": await _check(_ping_db(state)),
         "backlog": state.backlog.overloaded or "ok",
-        "llm": "ok"
-        if state.claude is not None
+        "llm": state.llm_health.describe()
+        if state.claude is not None or state.bedrock is not None
         else "not configured: set ANTHROPIC_API_KEY (events are accepted and stay queued)",
     }
     topics = sorted({t.topic_arn for t in state.config.tools.values() if t.topic_arn})

@@ -87,6 +87,14 @@ class LlmCallRow(Base):
     created_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), default=utcnow, index=True
     )
+    # Added by migration 0002_llm_audit.
+    provider: Mapped[str] = mapped_column(String(32), default="anthropic")
+    retry_reason: Mapped[str | None] = mapped_column(String(200), default=None)
+    cost_usd: Mapped[float] = mapped_column(Float, default=0.0)
+    breaker_state: Mapped[str | None] = mapped_column(String(16), default=None)
+    prompt_hash: Mapped[str | None] = mapped_column(String(64), default=None)
+    prompt_text: Mapped[str | None] = mapped_column(Text, default=None)
+    response_text: Mapped[str | None] = mapped_column(Text, default=None)
 
 
 class OutboxStatus:

@@ -3,7 +3,10 @@ first-run walkthrough and benchmarks (point ``ANTHROPIC_BASE_URL`` at it).
 
 By default it answers every request by calling the first offered tool with an input built
 from the tool's schema (plus the event type and group parsed from the prompt). ``faults`` is
-a list of HTTP statuses returned, one per request, before normal answers resume.
+a list of HTTP statuses returned, one per request, before normal answers resume;
+``fail_every`` fails every n-th request and ``down_until`` (a ``time.monotonic()`` value)
+fails every request until then. Usage reports the system prompt and tools as a cache write
+the first time a prefix is seen and as a cache read afterwards, like prompt caching does.
 
     python -m app.testing.fake_anthropic --port 8787 --latency 0.2
 """
@@ -37,6 +40,38 @@ class FakeBehaviour:
     requests: list[dict[str, Any]] = field(default_factory=list)
     in_flight: int = 0
     max_in_flight: int = 0
+    # Every n-th request (counting all requests) fails with fail_status; 0 = never.
+    fail_every: int = 0
+    fail_status: int = 500
+    # Until this time.monotonic() value every request fails with down_status.
+    down_until: float = 0.0
+    down_status: int = 529
+    # Extra headers on successful answers (e.g. anthropic-ratelimit-*).
+    headers: dict[str, str] = field(default_factory=dict)
+    # (time.monotonic() when received, HTTP status answered) per request.
+    log: list[tuple[float, int]] = field(default_factory=list)
+    cached_prefixes: set[str] = field(default_factory=set)
+
+    def fault_for(self, number: int, now: float) -> int | None:
+        if self.faults:
+            return self.faults.pop(0)
+        if now < self.down_until:
+            return self.down_status
+        if self.fail_every and number % self.fail_every == 0:
+            return self.fail_status
+        return None
+
+    def usage(self, body: dict[str, Any]) -> dict[str, int]:
+        prefix = repr((body.get("system"), body.get("tools")))
+        prefix_tokens = len(prefix) // 4
+        seen = prefix in self.cached_prefixes
+        self.cached_prefixes.add(prefix)
+        return {
+            "input_tokens": len(repr(body.get("messages"))) // 4 + 1,
+            "output_tokens": 40,
+            "cache_creation_input_tokens": 0 if seen else prefix_tokens,
+            "cache_read_input_tokens": prefix_tokens if seen else 0,
+        }
 
 
 def _sample(schema: dict[str, Any], hints: dict[str, str]) -> Any:
@@ -76,7 +111,10 @@ def default_answer(request: dict[str, Any]) -> list[dict[str, Any]]:
 def build_app(behaviour: FakeBehaviour) -> Starlette:
     async def messages(request: Request) -> JSONResponse:
         body = await request.json()
+        received = time.monotonic()
         behaviour.requests.append(body)
+        fault = behaviour.fault_for(len(behaviour.requests), received)
+        behaviour.log.append((received, fault or 200))
         behaviour.in_flight += 1
         behaviour.max_in_flight = max(behaviour.max_in_flight, behaviour.in_flight)
         try:
@@ -84,8 +122,8 @@ def build_app(behaviour: FakeBehaviour) -> Starlette:
             if delay:
                 await asyncio.sleep(delay)
             request_id = f"req_fake_{uuid.uuid4().hex[:16]}"
-            if behaviour.faults:
-                status = behaviour.faults.pop(0)
+            if fault is not None:
+                status = fault
                 kind = {
                     429: "rate_limit_error",
                     529: "overloaded_error",
@@ -116,14 +154,9 @@ def build_app(behaviour: FakeBehaviour) -> Starlette:
                     "content": content,
                     "stop_reason": "tool_use" if uses_tool else "end_turn",
                     "stop_sequence": None,
-                    "usage": {
-                        "input_tokens": len(str(body)) // 4,
-                        "output_tokens": 40,
-                        "cache_creation_input_tokens": 0,
-                        "cache_read_input_tokens": 0,
-                    },
+                    "usage": behaviour.usage(body),
                 },
-                headers={"request-id": request_id},
+                headers={"request-id": request_id, **behaviour.headers},
             )
         finally:
             behaviour.in_flight -= 1

@@ -4,8 +4,8 @@ events.replays counts operator replays; outbox.generation tags each row with the
 belongs to, so a replayed event's tool calls sit beside the earlier ones (unique per
 event, generation and seq). events.updated_at is indexed for the retention job.
 
-Revision ID: 0002_ops
-Revises: 0001
+Revision ID: 0003_ops
+Revises: 0002_llm_audit
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import sqlalchemy as sa
 from alembic import op
 
 
-revision = "0002_ops"
-down_revision = "0001"
+revision = "0003_ops"
+down_revision = "0002_llm_audit"
 branch_labels = None
 depends_on = None
 

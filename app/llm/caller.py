@@ -1,0 +1,264 @@
+"""One guarded Claude call for one event: budget → breaker → rate limit → slots → call.
+
+Retries belong here (the SDK's are off): 408, 409, 429, 5xx, 529, timeouts and connection
+errors are retried with exponential backoff and full jitter, at least the (clamped)
+``retry-after``; anything else raises ``CallAbandoned`` and the event is dead-lettered.
+
+Waiting is never failing: while the model's breaker is open (and no fallback model is
+allowed), while the rate limiter or a ``wait`` budget says no, the call waits and the event
+stays queued. An event gives up only on failures made while the breaker was closed — after
+``max_attempts`` of them, or once its failing attempts and backoff exceed the event deadline
+— and only if the breaker is still closed then; otherwise the outage is the breaker's to
+handle and the event's count starts again. 429s and half-open probes never count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, replace
+
+import structlog
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from app.config import GatewayConfig, PipelineConfig
+from app.ingest.schemas import Event
+from app.llm.audit import Attempt, AuditRecorder, usage_of
+from app.llm.breaker import BreakerState, CircuitBreaker, Permit
+from app.llm.budget import BudgetLedger
+from app.llm.client import ClaudeClient, ClaudeError, ClaudeReply, ClaudeRequest
+from app.llm.health import LlmHealth
+from app.llm.ratelimit import RateLimiter, estimate_input_tokens
+from app.observability.metrics import LLM_COST, LLM_DURATION, LLM_REQUESTS, LLM_TOKENS
+from app.store.repository import LlmCallRepository
+
+log = structlog.get_logger(__name__)
+AUTH_STATUSES = frozenset({401, 403})
+
+
+class CallAbandoned(Exception):
+    """The event cannot get a decision from Claude; dead-letter it with this reason."""
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    max_attempts: int = 4
+    base_seconds: float = 1.0
+    cap_seconds: float = 30.0
+    retry_after_max_seconds: float = 60.0
+    call_timeout_seconds: float = 60.0
+    event_deadline_seconds: float = 600.0
+    # Longest single sleep while waiting for a breaker or budget (then ask again).
+    poll_seconds: float = 1.0
+    budget_poll_seconds: float = 30.0
+
+    def backoff(self, retries: int, retry_after: float | None) -> float:
+        delay = random.uniform(0, min(self.cap_seconds, self.base_seconds * 2**retries))
+        if retry_after is not None:
+            delay = max(delay, min(retry_after, self.retry_after_max_seconds))
+        return delay
+
+
+@dataclass(frozen=True, slots=True)
+class CallResult:
+    reply: ClaudeReply
+    attempt: Attempt
+    cost_usd: float
+
+
+class GuardedCaller:
+    def __init__(
+        self,
+        *,
+        config: GatewayConfig,
+        sessions: async_sessionmaker[AsyncSession],
+        clients: Mapping[str, ClaudeClient],
+        limiter: RateLimiter,
+        breaker: CircuitBreaker,
+        budgets: BudgetLedger,
+        health: LlmHealth,
+        audit: AuditRecorder,
+        slots: asyncio.Semaphore,
+        retry: RetryPolicy,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self.config = config
+        self.sessions = sessions
+        self.clients = clients
+        self.limiter = limiter
+        self.breaker = breaker
+        self.budgets = budgets
+        self.health = health
+        self.audit = audit
+        self.slots = slots
+        self.retry = retry
+        self.sleep = sleep
+        self.pipeline_slots = {
+            name: asyncio.Semaphore(p.max_concurrency)
+            for name, p in config.pipelines.items()
+            if p.max_concurrency is not None
+        }
+
+    async def call(
+        self, event: Event, request: ClaudeRequest, *, attempt: int, reason: str | None
+    ) -> CallResult:
+        pipeline = self.config.pipelines[event.pipeline]
+        client = self.clients.get(pipeline.provider)
+        if client is None:
+            raise CallAbandoned(f"provider {pipeline.provider!r} is not configured")
+        counted, retries, spent = 0, 0, 0.0
+        while True:
+            await self._admit_budget(event.pipeline, pipeline)
+            model, permit = await self._permit(pipeline, preferred=request.model)
+            this = Attempt(
+                attempt, pipeline.provider, replace(request, model=model), permit.state, reason
+            )
+            try:
+                reply = await self._attempt(event.pipeline, client, this, permit, spent=spent)
+            except ClaudeError as exc:
+                await self._after_failure(event, this, permit, exc)
+                if not exc.retryable:
+                    raise CallAbandoned(f"{exc.error_type}: {exc}") from exc
+                # A 429 is the limiter's to pace, an open breaker's failures the outage's:
+                # neither counts against the event.
+                counts = exc.status != 429 and permit.state is BreakerState.CLOSED
+                if counts:
+                    counted += 1
+                    spent += exc.latency_ms / 1000
+                if counted >= self.retry.max_attempts or spent >= self.retry.event_deadline_seconds:
+                    if await self.breaker.state(pipeline.provider, model) is BreakerState.CLOSED:
+                        raise CallAbandoned(
+                            f"gave up after {counted} failed attempts in {spent:.1f}s: "
+                            f"{exc.error_type}: {exc}"
+                        ) from exc
+                    counted, spent = 0, 0.0  # an outage: the breaker is handling it
+                retries += 1
+                delay = self.retry.backoff(retries, exc.retry_after)
+                spent += delay if counts else 0.0
+                log.warning(
+                    "llm_retry",
+                    event_id=event.id,
+                    attempt=attempt,
+                    model=model,
+                    error=exc.error_type,
+                    status=exc.status,
+                    retry_in=round(delay, 2),
+                )
+                await self.sleep(delay)
+                attempt += 1
+                reason = f"{exc.error_type} {exc.status or ''}".strip()
+                continue
+            cost = await self._after_success(event.pipeline, pipeline, this, permit, reply)
+            return CallResult(reply=reply, attempt=this, cost_usd=cost)
+
+    async def _attempt(
+        self, pipeline: str, client: ClaudeClient, this: Attempt, permit: Permit, *, spent: float
+    ) -> ClaudeReply:
+        request = this.request
+        estimate = estimate_input_tokens(request.as_api())
+        reservation = await self.limiter.acquire(
+            request.model, input_tokens=estimate, output_tokens=request.max_tokens
+        )
+        left = self.retry.event_deadline_seconds - spent
+        timeout = max(1.0, min(self.retry.call_timeout_seconds, left))
+        try:
+            async with self._slots(pipeline):
+                reply = await client.create(request, call_timeout=timeout)
+        except ClaudeError:
+            # A failed call used a request but (as far as we can know) no tokens.
+            await self.limiter.settle(reservation, input_tokens=0, output_tokens=0, headers={})
+            raise
+        await self.limiter.settle(
+            reservation,
+            # Cache reads do not count towards the input-tokens-per-minute limit.
+            input_tokens=reply.input_tokens + reply.cache_creation_input_tokens,
+            output_tokens=reply.output_tokens,
+            headers=reply.headers,
+        )
+        return reply
+
+    @contextlib.asynccontextmanager
+    async def _slots(self, pipeline: str) -> AsyncIterator[None]:
+        own = self.pipeline_slots.get(pipeline)
+        async with contextlib.AsyncExitStack() as stack:
+            if own is not None:
+                await stack.enter_async_context(own)
+            await stack.enter_async_context(self.slots)
+            yield
+
+    async def _permit(self, pipeline: PipelineConfig, *, preferred: str) -> tuple[str, Permit]:
+        """Wait until the preferred model (or, while it is refused, the fallback) may be called."""
+        waited = False
+        while True:
+            permit = await self.breaker.allow(pipeline.provider, preferred)
+            if permit.allowed:
+                return preferred, permit
+            fallback = pipeline.fallback_model
+            if fallback and fallback != preferred:
+                other = await self.breaker.allow(pipeline.provider, fallback)
+                if other.allowed:
+                    return fallback, other
+            if not waited:
+                log.warning(
+                    "llm_waiting_for_breaker",
+                    model=preferred,
+                    state=permit.state,
+                    wait=round(permit.wait, 2),
+                )
+                waited = True
+            await self.sleep(max(0.01, min(permit.wait, self.retry.poll_seconds)))
+
+    async def _admit_budget(self, name: str, pipeline: PipelineConfig) -> None:
+        budget = pipeline.budget
+        while budget is not None:
+            status = await self.budgets.status(name, budget)
+            if not status.exhausted:
+                return
+            if budget.on_exhausted == "dead_letter":
+                raise CallAbandoned(
+                    f"daily budget of pipeline {name!r} exhausted: {status.describe()}"
+                )
+            log.warning("llm_budget_exhausted", pipeline=name, detail=status.describe())
+            await self.sleep(
+                min(self.retry.budget_poll_seconds, self.budgets.seconds_to_next_day())
+            )
+
+    async def _after_failure(
+        self, event: Event, this: Attempt, permit: Permit, exc: ClaudeError
+    ) -> None:
+        model, provider = this.request.model, this.provider
+        upstream_unwell = exc.retryable and exc.status != 429
+        await self.breaker.record(provider, model, ok=not upstream_unwell, permit=permit)
+        if exc.status == 429:
+            await self.limiter.hold(model, exc.retry_after if exc.retry_after is not None else 1.0)
+        if exc.status in AUTH_STATUSES:
+            self.health.auth_failed(provider=provider, status=exc.status)
+        LLM_REQUESTS.labels(model=model, outcome="retry" if exc.retryable else "error").inc()
+        LLM_DURATION.observe(exc.latency_ms / 1000)
+        async with self.sessions() as session:
+            LlmCallRepository(session).add(self.audit.failure_row(event, this, exc))
+            await session.commit()
+
+    async def _after_success(
+        self, name: str, pipeline: PipelineConfig, this: Attempt, permit: Permit, reply: ClaudeReply
+    ) -> float:
+        await self.breaker.record(this.provider, this.request.model, ok=True, permit=permit)
+        self.health.call_succeeded()
+        cost = self.audit.cost_usd(reply)
+        usage = usage_of(reply)
+        LLM_REQUESTS.labels(model=reply.model, outcome="ok").inc()
+        LLM_DURATION.observe(reply.latency_ms / 1000)
+        for kind, value in (
+            ("input", usage.input_tokens),
+            ("output", usage.output_tokens),
+            ("cache_creation", usage.cache_creation_input_tokens),
+            ("cache_read", usage.cache_read_input_tokens),
+        ):
+            LLM_TOKENS.labels(model=reply.model, type=kind).inc(value)
+        LLM_COST.labels(pipeline=name).inc(cost)
+        spend = await self.budgets.charge(name, tokens=usage.total, cost_usd=cost)
+        if pipeline.budget is not None:
+            BudgetLedger.evaluate(name, pipeline.budget, spend)
+        return cost

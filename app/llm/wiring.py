@@ -1,0 +1,106 @@
+"""Build the LLM stage from settings and config: clients per provider, the shared limiter,
+breaker and budgets (all in the gateway's Redis), and the event processor."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import TYPE_CHECKING, cast
+
+from app.config import GatewayConfig, ModelConfig
+from app.llm.audit import AuditRecorder
+from app.llm.breaker import BreakerPolicy, CircuitBreaker
+from app.llm.budget import BudgetLedger
+from app.llm.caller import GuardedCaller, RetryPolicy
+from app.llm.client import ClaudeClient
+from app.llm.pipeline import EventProcessor
+from app.llm.pricing import PriceTable
+from app.llm.ratelimit import ModelLimits, RateLimiter
+from app.llm.redaction import TextMode
+from app.settings import Settings
+
+if TYPE_CHECKING:
+    from app.state import AppState
+
+
+def wants_bedrock(config: GatewayConfig) -> bool:
+    return any(p.provider == "bedrock" for p in config.pipelines.values())
+
+
+def bedrock_client(settings: Settings) -> ClaudeClient:
+    region = settings.llm_bedrock_region or settings.aws_region
+    return ClaudeClient.bedrock(region=region, timeout=settings.llm_timeout_seconds)
+
+
+def model_limits(settings: Settings, config: GatewayConfig) -> Callable[[str], ModelLimits]:
+    def limits(model: str) -> ModelLimits:
+        own = config.models.get(model) or ModelConfig()
+        return ModelLimits(
+            requests=_either(own.requests_per_minute, settings.llm_requests_per_minute),
+            input_tokens=_either(own.input_tokens_per_minute, settings.llm_input_tokens_per_minute),
+            output_tokens=_either(
+                own.output_tokens_per_minute, settings.llm_output_tokens_per_minute
+            ),
+        )
+
+    return limits
+
+
+def _either(value: int | None, default: int) -> int:
+    return default if value is None else value
+
+
+def retry_policy(settings: Settings) -> RetryPolicy:
+    return RetryPolicy(
+        max_attempts=settings.llm_max_attempts,
+        base_seconds=settings.llm_retry_base_seconds,
+        cap_seconds=settings.llm_retry_cap_seconds,
+        retry_after_max_seconds=settings.llm_retry_after_max_seconds,
+        call_timeout_seconds=settings.llm_timeout_seconds,
+        event_deadline_seconds=settings.llm_event_deadline_seconds,
+        poll_seconds=min(1.0, settings.llm_breaker_cooldown_seconds / 4),
+        budget_poll_seconds=settings.llm_budget_poll_seconds,
+    )
+
+
+def breaker_policy(settings: Settings) -> BreakerPolicy:
+    return BreakerPolicy(
+        window_seconds=settings.llm_breaker_window_seconds,
+        min_calls=settings.llm_breaker_min_calls,
+        failure_ratio=settings.llm_breaker_failure_ratio,
+        cooldown_seconds=settings.llm_breaker_cooldown_seconds,
+        consecutive_failures=settings.llm_breaker_consecutive_failures,
+        probe_ttl_seconds=settings.llm_timeout_seconds + 5,
+    )
+
+
+def build_processor(state: AppState, *, on_stored: Callable[[], None]) -> EventProcessor | None:
+    """None when no provider the config uses has a client (events then stay queued)."""
+    settings, config, redis = state.settings, state.config, state.redis
+    clients = {c.provider: c for c in (state.claude, state.bedrock) if c is not None}
+    if not clients:
+        return None
+    prefix = settings.redis_prefix
+    audit = AuditRecorder(
+        prices=PriceTable.from_config(config), text_mode=cast(TextMode, settings.llm_audit_text)
+    )
+    caller = GuardedCaller(
+        config=config,
+        sessions=state.sessions,
+        clients=clients,
+        limiter=RateLimiter(redis, prefix=prefix, limits=model_limits(settings, config)),
+        breaker=CircuitBreaker(redis, prefix=prefix, policy=breaker_policy(settings)),
+        budgets=BudgetLedger(redis, prefix=prefix),
+        health=state.llm_health,
+        audit=audit,
+        slots=asyncio.Semaphore(settings.llm_max_concurrency),
+        retry=retry_policy(settings),
+    )
+    return EventProcessor(
+        config=config,
+        sessions=state.sessions,
+        caller=caller,
+        audit=audit,
+        max_deliveries=settings.max_deliveries,
+        on_stored=on_stored,
+    )
