@@ -13,7 +13,7 @@ sources:
   gh: {type: github, secret: "${GH_SECRET}", pipeline: p}
   am: {type: alertmanager, token: "${AM_TOKEN:-fallback}", pipeline: p}
 pipelines:
-  p: {model: claude-sonnet-4-5, system: triage, tools: [alert]}
+  p: {model: claude-sonnet-4-6, system: triage, tools: [alert]}
 tools:
   alert:
     description: Raise an alert.
@@ -49,7 +49,7 @@ def test_missing_variable_names_the_key() -> None:
             "tools.alert.input_schema: input_schema must have type: object",
         ),
         (('secret: "${GH_SECRET}", ', ""), "sources.gh: a 'github' source needs 'secret'"),
-        (("model: claude-sonnet-4-5, ", ""), "pipelines.p.model: Field required"),
+        (("model: claude-sonnet-4-6, ", ""), "pipelines.p.model: Field required"),
     ],
 )
 def test_invalid_config_errors_name_the_bad_key(change: tuple[str, str], expected: str) -> None:
@@ -92,7 +92,7 @@ def test_check_config_prints_sources_pipelines_and_tools(
     result = CliRunner().invoke(cli, ["check-config", "--config", str(path)])
     assert result.exit_code == 0, result.output
     assert "gh: type github → pipeline p (POST /v1/webhooks/gh)" in result.output
-    assert "p: model claude-sonnet-4-5; tools alert" in result.output
+    assert "p: model claude-sonnet-4-6; tools alert" in result.output
     assert "alert: topic arn:aws:sns:us-east-1:123456789012:alerts.fifo" in result.output
     assert "from-env" not in result.output
 

@@ -95,7 +95,7 @@ def test_signed_webhooks_reach_the_fifo_subscriber_in_order_once(
         assert body["input"]["severity"] == "high"
         assert body["event"]["type"] == "issues.opened"
         assert body["event"]["source"] == "github"
-        assert body["model"] == "claude-sonnet-4-5"
+        assert body["model"] == "claude-sonnet-4-6"
         assert body["sequence"] == 0
         attributes = {k: v["StringValue"] for k, v in message["MessageAttributes"].items()}
         assert attributes == {

@@ -27,7 +27,7 @@ sources:
     pipeline: triage
 pipelines:
   triage:
-    model: claude-sonnet-4-5
+    model: claude-sonnet-4-6
     system: You triage GitHub events.
     tools: [publishAlert]
 tools:

@@ -70,9 +70,9 @@ async def _seed(sessions: async_sessionmaker[AsyncSession]) -> None:
             session.add(_event(n, status=status, source="github" if n < 9 else "alerts"))
         await session.flush()
         for n in range(1, 11):
-            model = "claude-sonnet-4-5" if n % 2 else "claude-haiku-4-5"
+            model = "claude-sonnet-4-6" if n % 2 else "claude-haiku-4-5"
             session.add(_call(n, f"evt_{n:03d}", model=model))
-        session.add(_call(11, "evt_001", model="claude-sonnet-4-5", status="retry"))
+        session.add(_call(11, "evt_001", model="claude-sonnet-4-6", status="retry"))
         session.add(
             OutboxRow(
                 event_id="evt_001",

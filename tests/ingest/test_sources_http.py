@@ -58,7 +58,7 @@ sources:
     confirm_subscriptions: true
     pipeline: p
 pipelines:
-  p: {model: claude-sonnet-4-5, system: s, tools: [t]}
+  p: {model: claude-sonnet-4-6, system: s, tools: [t]}
 tools:
   t: {description: d, input_schema: {type: object}}
 """

@@ -50,7 +50,7 @@ sources:
   github: {{type: github, secret: s3cret, pipeline: triage}}
 pipelines:
   triage:
-    model: claude-sonnet-4-5
+    model: claude-sonnet-4-6
 {fallback_line}    system: You triage events.
     tools: [publishAlert]
 {pipeline_extra}
@@ -86,7 +86,7 @@ def tool_use(
 
 def reply(
     *blocks: dict[str, Any],
-    model: str = "claude-sonnet-4-5",
+    model: str = "claude-sonnet-4-6",
     stop_reason: str = "tool_use",
     usage: dict[str, int] | None = None,
     headers: dict[str, str] | None = None,

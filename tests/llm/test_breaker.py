@@ -17,7 +17,7 @@ POLICY = BreakerPolicy(
     probe_ttl_seconds=60,
     consecutive_failures=100,  # the ratio rule alone, except where a test says otherwise
 )
-M = "claude-sonnet-4-5"
+M = "claude-sonnet-4-6"
 
 
 def _breaker(redis: Redis, prefix: str, clock: FakeClock) -> CircuitBreaker:

@@ -140,7 +140,7 @@ async def test_bedrock_pipelines_call_bedrock_runtime_signed_with_sigv4(
     out = await h.rows(event.id)
     assert route.call_count == 1
     request = route.calls[0].request
-    assert "claude-sonnet-4-5" in request.url.path
+    assert "claude-sonnet-4-6" in request.url.path
     assert request.headers["authorization"].startswith("AWS4-HMAC-SHA256")
     assert "anthropic_version" in script.bodies[0]
     assert "model" not in script.bodies[0]  # Bedrock takes the model from the URL

@@ -16,7 +16,7 @@ from app.llm.client import ClaudeClient, ClaudeError, ClaudeRequest
 
 BASE = "https://api.anthropic.com"
 REQUEST = ClaudeRequest(
-    model="claude-sonnet-4-5",
+    model="claude-sonnet-4-6",
     system=[{"type": "text", "text": "sys"}],
     tools=[{"name": "t", "description": "d", "input_schema": {"type": "object"}}],
     messages=[{"role": "user", "content": "hi"}],
@@ -118,7 +118,7 @@ async def test_a_reply_carries_usage_and_rate_limit_headers(api: respx.Router) -
                 "id": "msg_1",
                 "type": "message",
                 "role": "assistant",
-                "model": "claude-sonnet-4-5",
+                "model": "claude-sonnet-4-6",
                 "content": [{"type": "tool_use", "id": "toolu_1", "name": "t", "input": {}}],
                 "stop_reason": "tool_use",
                 "stop_sequence": None,

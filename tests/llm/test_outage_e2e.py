@@ -32,7 +32,7 @@ sources:
   github: {{type: github, secret: {SECRET}, pipeline: triage}}
 pipelines:
   triage:
-    model: claude-sonnet-4-5
+    model: claude-sonnet-4-6
     system: You triage GitHub events.
     tools: [publishAlert]
 tools:
@@ -132,7 +132,7 @@ def test_flaky_then_down_claude_loses_nothing_and_probes_sparingly(
     assert sns.drain_extra(sns.all_url) == []
     # An open breaker is not a readiness failure (events wait), and it is visible.
     assert ready_during["checks"]["llm"] == "ok"
-    assert 'eventgate_circuit_breaker_state{model="claude-sonnet-4-5"}' in metrics_during
+    assert 'eventgate_circuit_breaker_state{model="claude-sonnet-4-6"}' in metrics_during
 
     outage = [t for t, status in fake.log if down_from <= t < fake.down_until]
     rows = asyncio.run(_audit_rows(database_url))

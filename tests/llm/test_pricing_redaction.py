@@ -13,7 +13,7 @@ from tests.llm.harness import config_text
 def test_prices_match_ids_by_prefix_and_bedrock_ids() -> None:
     table = PriceTable.from_config(parse_config(config_text()))
     usage = Usage(1_000_000, 1_000_000, 1_000_000, 1_000_000)
-    assert table.cost_usd("claude-sonnet-4-5-20250929", usage) == pytest.approx(
+    assert table.cost_usd("claude-sonnet-4-6", usage) == pytest.approx(
         3 + 15 + 3.75 + 0.30
     )
     assert table.cost_usd("us.anthropic.claude-haiku-4-5-20251001-v1:0", usage) == (
@@ -27,14 +27,14 @@ def test_prices_match_ids_by_prefix_and_bedrock_ids() -> None:
 def test_config_prices_override_the_builtin_table() -> None:
     extra = """
 models:
-  claude-sonnet-4-5:
+  claude-sonnet-4-6:
     requests_per_minute: 50
     price: {input: 1, output: 2, cache_write: 3, cache_read: 4}
 """
     config = parse_config(config_text() + extra)
     table = PriceTable.from_config(config)
-    assert table.cost_usd("claude-sonnet-4-5", Usage(1_000_000, 0, 0, 1_000_000)) == 5.0
-    assert config.models["claude-sonnet-4-5"].requests_per_minute == 50
+    assert table.cost_usd("claude-sonnet-4-6", Usage(1_000_000, 0, 0, 1_000_000)) == 5.0
+    assert config.models["claude-sonnet-4-6"].requests_per_minute == 50
 
 
 @pytest.mark.parametrize(

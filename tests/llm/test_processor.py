@@ -155,7 +155,7 @@ async def test_fallback_model_is_used_while_the_primary_breaker_is_open(
     h = build(sessions=sessions, redis=redis, prefix=redis_prefix, llm_breaker_min_calls=2)
 
     def by_model(body: dict[str, object]) -> object:
-        if body["model"] == "claude-sonnet-4-5":
+        if body["model"] == "claude-sonnet-4-6":
             return error(529)
         return reply(model="claude-haiku-4-5")
 
@@ -164,8 +164,8 @@ async def test_fallback_model_is_used_while_the_primary_breaker_is_open(
     await h.processor.process(event)
     out = await h.rows(event.id)
     assert [b["model"] for b in script.bodies] == [
-        "claude-sonnet-4-5",
-        "claude-sonnet-4-5",
+        "claude-sonnet-4-6",
+        "claude-sonnet-4-6",
         "claude-haiku-4-5",
     ]
     assert out.calls[-1].model == "claude-haiku-4-5"

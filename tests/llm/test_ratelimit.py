@@ -13,7 +13,7 @@ from app.llm.ratelimit import ModelLimits, RateLimiter, estimate_input_tokens
 from app.queue.connection import connect_redis
 from tests.llm.helpers import FakeClock, RecordedSleeps
 
-M = "claude-sonnet-4-5"
+M = "claude-sonnet-4-6"
 
 
 @pytest.fixture

@@ -92,8 +92,8 @@ def test_a_run_moves_the_metrics_and_logs_no_secret(
         delta("eventgate_webhooks_received_total", source="github", outcome="InvalidSignature") == 1
     )
     assert delta("eventgate_dedup_hits_total", layer="delivery") == 1
-    assert delta("eventgate_llm_requests_total", model="claude-sonnet-4-5", outcome="ok") == 2
-    assert delta("eventgate_llm_tokens_total", model="claude-sonnet-4-5", type="output") == 80
+    assert delta("eventgate_llm_requests_total", model="claude-sonnet-4-6", outcome="ok") == 2
+    assert delta("eventgate_llm_tokens_total", model="claude-sonnet-4-6", type="output") == 80
     assert delta("eventgate_llm_request_duration_seconds_count") == 2
     assert delta("eventgate_published_total", topic=topic, outcome="published") == 2
     assert after[("eventgate_queue_depth", ())] == 0
