@@ -196,12 +196,14 @@ class GatewayProcess:
         return events
 
 
-def gateway_config(topic_arn: str, *, secret_var: str = "E2E_GITHUB_SECRET") -> str:  # noqa: S107
+def gateway_config(topic_arn: str | None, *, secret: str = "${E2E_GITHUB_SECRET}") -> str:
+    """One GitHub source, one pipeline offering publishAlert (on ``topic_arn`` if given)."""
+    topic = f"\n    topic_arn: {topic_arn}" if topic_arn else ""
     return f"""
 sources:
   github:
     type: github
-    secret: ${{{secret_var}}}
+    secret: {secret}
     pipeline: triage
 pipelines:
   triage:
@@ -214,6 +216,5 @@ tools:
     input_schema:
       type: object
       properties: {{severity: {{type: string, enum: [high, low]}}, title: {{type: string}}}}
-      required: [severity, title]
-    topic_arn: {topic_arn}
+      required: [severity, title]{topic}
 """

@@ -12,32 +12,14 @@ from app.config import parse_config
 from app.main import Role, create_app
 from app.settings import Settings
 from tests.support import ServerThread
+from tests.support import gateway_config as support_gateway_config
 
 ADMIN_TOKEN = "admin-token-0123456789abcdef"
 GITHUB_SECRET = "admin-tests-github-secret"
 
 
 def gateway_config(topic_arn: str | None = None) -> str:
-    topic = f"\n    topic_arn: {topic_arn}" if topic_arn else ""
-    return f"""
-sources:
-  github:
-    type: github
-    secret: {GITHUB_SECRET}
-    pipeline: triage
-pipelines:
-  triage:
-    model: claude-sonnet-4-6
-    system: You triage GitHub events.
-    tools: [publishAlert]
-tools:
-  publishAlert:
-    description: Raise an alert.
-    input_schema:
-      type: object
-      properties: {{severity: {{type: string, enum: [high, low]}}, title: {{type: string}}}}
-      required: [severity, title]{topic}
-"""
+    return support_gateway_config(topic_arn, secret=GITHUB_SECRET)
 
 
 @pytest.fixture(autouse=True)

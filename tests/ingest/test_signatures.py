@@ -108,58 +108,30 @@ def test_standard_webhooks_rotation_and_multiple_signatures() -> None:
         )
 
 
-def test_standard_webhooks_stale_and_malformed() -> None:
+@pytest.mark.parametrize(
+    ("msg_id", "timestamp", "now", "error", "match"),
+    [
+        ("m1", "1000", 1301, StaleTimestamp, "more than 300s"),
+        ("m1", "1000", 699, StaleTimestamp, "more than 300s"),
+        ("m1", "soon", 1000, InvalidSignature, "not an integer"),
+        (None, "1000", 1000, InvalidSignature, "missing"),
+        ("m2", "1000", 1000, InvalidSignature, "no v1 signature"),
+    ],
+    ids=["too-late", "too-early", "not-a-number", "no-id", "other-id"],
+)
+def test_standard_webhooks_stale_and_malformed(
+    msg_id: str | None, timestamp: str, now: int, error: type[Exception], match: str
+) -> None:
     key = b"k"
-    good = _sign(key, "m1", 1000, BODY)
-    with pytest.raises(StaleTimestamp):
+    with pytest.raises(error, match=match):
         verify_standard_webhooks(
             keys=[key],
             body=BODY,
-            msg_id="m1",
-            timestamp="1000",
-            signature_header=good,
+            msg_id=msg_id,
+            timestamp=timestamp,
+            signature_header=_sign(key, "m1", 1000, BODY),
             tolerance_seconds=300,
-            now=1301,
-        )
-    with pytest.raises(StaleTimestamp):
-        verify_standard_webhooks(
-            keys=[key],
-            body=BODY,
-            msg_id="m1",
-            timestamp="1000",
-            signature_header=good,
-            tolerance_seconds=300,
-            now=699,
-        )
-    with pytest.raises(InvalidSignature, match="not an integer"):
-        verify_standard_webhooks(
-            keys=[key],
-            body=BODY,
-            msg_id="m1",
-            timestamp="soon",
-            signature_header=good,
-            tolerance_seconds=300,
-            now=1000,
-        )
-    with pytest.raises(InvalidSignature, match="missing"):
-        verify_standard_webhooks(
-            keys=[key],
-            body=BODY,
-            msg_id=None,
-            timestamp="1000",
-            signature_header=good,
-            tolerance_seconds=300,
-            now=1000,
-        )
-    with pytest.raises(InvalidSignature, match="no v1 signature"):
-        verify_standard_webhooks(
-            keys=[key],
-            body=BODY,
-            msg_id="m2",
-            timestamp="1000",
-            signature_header=good,
-            tolerance_seconds=300,
-            now=1000,
+            now=now,
         )
 
 

@@ -19,7 +19,7 @@ from app.settings import Settings
 from app.store.db import create_engine, session_factory
 from app.store.models import LlmCallRow
 from app.testing.fake_anthropic import FakeAnthropicServer
-from tests.support import ServerThread, SnsFixture, github_request, issue_payload
+from tests.support import ServerThread, SnsFixture, gateway_config, github_request, issue_payload
 
 SECRET = "outage-secret"
 OUTAGE_SECONDS = 4.0
@@ -27,23 +27,7 @@ COOLDOWN = 1.0
 
 
 def _config(topic_arn: str) -> str:
-    return f"""
-sources:
-  github: {{type: github, secret: {SECRET}, pipeline: triage}}
-pipelines:
-  triage:
-    model: claude-sonnet-4-6
-    system: You triage GitHub events.
-    tools: [publishAlert]
-tools:
-  publishAlert:
-    description: Raise an alert.
-    input_schema:
-      type: object
-      properties: {{severity: {{type: string, enum: [high, low]}}, title: {{type: string}}}}
-      required: [severity, title]
-    topic_arn: {topic_arn}
-"""
+    return gateway_config(topic_arn, secret=SECRET)
 
 
 @contextmanager

@@ -13,9 +13,7 @@ from tests.llm.harness import config_text
 def test_prices_match_ids_by_prefix_and_bedrock_ids() -> None:
     table = PriceTable.from_config(parse_config(config_text()))
     usage = Usage(1_000_000, 1_000_000, 1_000_000, 1_000_000)
-    assert table.cost_usd("claude-sonnet-4-6", usage) == pytest.approx(
-        3 + 15 + 3.75 + 0.30
-    )
+    assert table.cost_usd("claude-sonnet-4-6", usage) == pytest.approx(3 + 15 + 3.75 + 0.30)
     assert table.cost_usd("us.anthropic.claude-haiku-4-5-20251001-v1:0", usage) == (
         pytest.approx(1 + 5 + 1.25 + 0.10)
     )
