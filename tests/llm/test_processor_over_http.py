@@ -87,3 +87,78 @@ async def test_poison_event_is_dead_lettered_after_max_deliveries(harness: Harne
     assert letter.stage == "worker"
     assert f"failed {processor.max_deliveries} times" in letter.reason
     assert out.event.status == "dead_lettered"
+
+
+GROUP_ID_CONFIG = """
+sources:
+  github: {type: github, secret: s3cret, pipeline: triage}
+pipelines:
+  triage:
+    model: claude-sonnet-4-6
+    system: You triage events.
+    tools: [route, alert]
+tools:
+  route:
+    description: Route to a team; message_group_id is the incident this belongs to.
+    group_id: llm
+    input_schema:
+      type: object
+      properties: {message_group_id: {type: string}, team: {type: string}}
+      required: [team]
+  alert:
+    description: Raise an alert.
+    input_schema:
+      type: object
+      properties: {message_group_id: {type: string}, title: {type: string}}
+      required: [title]
+"""
+
+
+async def test_group_id_policy_decides_each_outbox_rows_group(
+    sessions: Sessions,
+    redis: Redis,
+    redis_prefix: str,
+    fake_claude: FakeAnthropicServer,
+) -> None:
+    client = ClaudeClient(
+        AsyncAnthropic(api_key="test", base_url=fake_claude.base_url, max_retries=0)
+    )
+    harness = build(
+        sessions=sessions,
+        redis=redis,
+        prefix=redis_prefix,
+        text=GROUP_ID_CONFIG,
+        clients={"anthropic": client},
+    )
+    fake_claude.behaviour.responder = lambda _: [
+        # llm policy with a valid id: Claude's id is used.
+        {
+            "type": "tool_use",
+            "id": "t1",
+            "name": "route",
+            "input": {"team": "db", "message_group_id": "incident-42"},
+        },
+        # llm policy with an id SNS would refuse: the event's key instead.
+        {
+            "type": "tool_use",
+            "id": "t2",
+            "name": "route",
+            "input": {"team": "db", "message_group_id": "bad id\u00e9" * 20},
+        },
+        # event policy (default): Claude's id is ignored.
+        {
+            "type": "tool_use",
+            "id": "t3",
+            "name": "alert",
+            "input": {"title": "x", "message_group_id": "incident-42"},
+        },
+    ]
+    event = make_event(group="acme/api")
+    await harness.processor.process(event)
+    await client.close()
+    rows = (await harness.rows(event.id)).outbox
+    assert [(r.tool, r.group_id) for r in rows] == [
+        ("route", "incident-42"),
+        ("route", "acme/api"),
+        ("alert", "acme/api"),
+    ]
