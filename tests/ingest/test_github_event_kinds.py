@@ -81,7 +81,7 @@ ORGANIZATION_KINDS = [
     "team",
     "team_add",
 ]
-SPECIAL_KINDS = {
+SPECIAL_KINDS: dict[str, tuple[dict[str, object], str]] = {
     "installation": ({"installation": {"id": 42}}, "installation/42"),
     "installation_repositories": ({"installation": {"id": 42}}, "installation/42"),
     "installation_target": ({"installation": {"id": 7}}, "installation/7"),
