@@ -26,6 +26,7 @@ from app.observability.logging import configure_logging
 from app.observability.router import router as health_router
 from app.publish.relay import OutboxRelay, RelayLease
 from app.publish.sns import SnsPublisher
+from app.queue.batching import EnqueueBatcher
 from app.queue.connection import connect_redis
 from app.queue.streams import EventQueue
 from app.queue.worker import QueueWorker
@@ -99,7 +100,7 @@ async def _build_state(
         queue=queue,
         ingest=IngestService(
             config=config,
-            queue=queue,
+            queue=EnqueueBatcher(queue) if settings.ingest_batching else queue,
             max_body_bytes=settings.max_body_bytes,
             dedup_window_seconds=settings.dedup_window_seconds,
         ),

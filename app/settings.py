@@ -46,6 +46,10 @@ class Settings(BaseSettings):
     log_format: str = Field(default="auto", pattern="^(auto|json|console)$")
     log_level: str = "info"
 
+    # Ingest hot path (benchmarks): commit concurrent requests' dedup + enqueue in one
+    # round trip (app/queue/batching.py). Off: one Lua call per request.
+    ingest_batching: bool = True
+
     @property
     def anthropic_api_key(self) -> str | None:
         return os.environ.get("ANTHROPIC_API_KEY") or os.environ.get("ANTHROPIC_AUTH_TOKEN")

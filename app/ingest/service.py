@@ -23,7 +23,7 @@ from app.ingest.exceptions import InvalidPayload, UnknownSource, UnsupportedMedi
 from app.ingest.schemas import Event
 from app.ingest.sources import Headers, SourceAdapter, build_adapter
 from app.observability.metrics import WEBHOOKS_RECEIVED
-from app.queue.streams import EventQueue
+from app.queue.batching import EventEnqueuer
 
 log = structlog.get_logger(__name__)
 
@@ -48,7 +48,7 @@ class IngestService:
         self,
         *,
         config: GatewayConfig,
-        queue: EventQueue,
+        queue: EventEnqueuer,
         max_body_bytes: int,
         dedup_window_seconds: int,
     ) -> None:
