@@ -51,7 +51,10 @@ def _enqueue(
 async def _stream_ids_by_key(queue: EventQueue) -> dict[str, list[str]]:
     found: dict[str, list[str]] = {}
     for partition in range(queue.partitions):
-        for _, fields in await queue.redis.xrange(queue.stream_key(partition)):
+        entries: list[tuple[bytes, dict[bytes, bytes]]] = await queue.redis.xrange(
+            queue.stream_key(partition)
+        )
+        for _, fields in entries:
             entry = orjson.loads(fields[b"e"])
             found.setdefault(entry["key"], []).append(entry["id"])
     return found
