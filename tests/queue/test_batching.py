@@ -51,10 +51,8 @@ def _enqueue(
 async def _stream_ids_by_key(queue: EventQueue) -> dict[str, list[str]]:
     found: dict[str, list[str]] = {}
     for partition in range(queue.partitions):
-        entries: list[tuple[bytes, dict[bytes, bytes]]] = await queue.redis.xrange(
-            queue.stream_key(partition)
-        )
-        for _, fields in entries:
+        for _, fields in await queue.redis.xrange(queue.stream_key(partition)) or []:
+            assert fields is not None
             entry = orjson.loads(fields[b"e"])
             found.setdefault(entry["key"], []).append(entry["id"])
     return found
