@@ -27,6 +27,14 @@ PG_ADMIN_URL = os.environ.get("BENCH_POSTGRES_URL", "postgresql://postgres@127.0
 GITHUB_SECRET = "bench-github-secret"
 PYTHON = sys.executable
 
+# The benchmarks talk to moto only; boto3 still wants credentials and a region.
+for _name, _value in {
+    "AWS_ACCESS_KEY_ID": "bench",
+    "AWS_SECRET_ACCESS_KEY": "bench",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}.items():
+    os.environ.setdefault(_name, _value)
+
 
 class Skip(Exception):
     """A benchmark cannot run here (a service or tool is missing); the message says which."""
