@@ -10,13 +10,16 @@ from app.ingest.service import IngestService
 from app.state import AppState
 
 
-def get_state(request: Request) -> AppState:
+# Dependencies are ``async def`` on purpose: FastAPI runs a plain ``def`` dependency in the
+# thread pool, a thread hop per request on the ingest hot path (seen in the profile).
+async def get_state(request: Request) -> AppState:
     state: AppState = request.app.state.gateway
     return state
 
 
-def get_ingest(request: Request) -> IngestService:
-    return get_state(request).ingest
+async def get_ingest(request: Request) -> IngestService:
+    state: AppState = request.app.state.gateway
+    return state.ingest
 
 
 StateDep = Annotated[AppState, Depends(get_state)]

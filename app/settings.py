@@ -77,6 +77,10 @@ class Settings(BaseSettings):
     llm_budget_poll_seconds: float = Field(default=30.0, gt=0)
     llm_bedrock_region: str | None = None
 
+    # Ingest hot path (benchmarks): commit concurrent requests' dedup + enqueue in one
+    # round trip (app/queue/batching.py). Off: one Lua call per request.
+    ingest_batching: bool = True
+
     @property
     def anthropic_api_key(self) -> str | None:
         return os.environ.get("ANTHROPIC_API_KEY") or os.environ.get("ANTHROPIC_AUTH_TOKEN")

@@ -30,7 +30,7 @@ from app.observability.metrics import (
     EVENTS_FILTERED,
     WEBHOOKS_RECEIVED,
 )
-from app.queue.streams import EventQueue
+from app.queue.batching import EventEnqueuer
 
 log = structlog.get_logger(__name__)
 
@@ -66,13 +66,14 @@ class IngestService:
         self,
         *,
         config: GatewayConfig,
-        queue: EventQueue,
+        queue: EventEnqueuer,
+        collapser: AlertCollapser,
         max_body_bytes: int,
         dedup_window_seconds: int,
         deps: AdapterDeps | None = None,
     ) -> None:
         self.queue = queue
-        self.collapser = AlertCollapser(queue.redis, prefix=queue.prefix)
+        self.collapser = collapser
         self.sources = {
             name: RegisteredSource(
                 name=name,

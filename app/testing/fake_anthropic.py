@@ -161,7 +161,18 @@ def build_app(behaviour: FakeBehaviour) -> Starlette:
         finally:
             behaviour.in_flight -= 1
 
-    return Starlette(routes=[Route("/v1/messages", messages, methods=["POST"])])
+    async def stats(_: Request) -> JSONResponse:
+        """For benchmarks running the fake as a process: what it has seen."""
+        return JSONResponse(
+            {"requests": len(behaviour.requests), "max_in_flight": behaviour.max_in_flight}
+        )
+
+    return Starlette(
+        routes=[
+            Route("/v1/messages", messages, methods=["POST"]),
+            Route("/_fake/stats", stats, methods=["GET"]),
+        ]
+    )
 
 
 class FakeAnthropicServer:

@@ -1,0 +1,32 @@
+"""ASGI factories for ``uvicorn --factory``: the gateway's ingest role, and the bare baseline.
+
+Both are served by the same uvicorn settings, so the ratio measures the gateway's own work.
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+
+def bare_app() -> FastAPI:
+    """Reads the body and answers 202: the ceiling of FastAPI + uvicorn on this machine."""
+    app = FastAPI()
+
+    @app.post("/v1/webhooks/{source}", status_code=202)
+    async def receive(source: str, request: Request) -> JSONResponse:
+        body = await request.body()
+        return JSONResponse({"event_id": f"evt_{len(body)}", "status": "queued"}, 202)
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    return app
+
+
+def gateway_api() -> FastAPI:
+    """What ``eventgate api`` serves, configured from the environment."""
+    from app.main import create_app
+
+    return create_app(role="api")

@@ -1,0 +1,20 @@
+"""The fake Messages API reports what it saw (benchmarks run it as a separate process)."""
+
+from __future__ import annotations
+
+import httpx
+
+from app.testing.fake_anthropic import FakeAnthropicServer
+
+
+def test_stats_count_requests(fake_claude: FakeAnthropicServer) -> None:
+    request = {
+        "model": "claude-sonnet-4-5",
+        "max_tokens": 10,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+    with httpx.Client(base_url=fake_claude.base_url) as client:
+        assert client.get("/_fake/stats").json() == {"requests": 0, "max_in_flight": 0}
+        assert client.post("/v1/messages", json=request).status_code == 200
+        assert client.post("/v1/messages", json=request).status_code == 200
+        assert client.get("/_fake/stats").json() == {"requests": 2, "max_in_flight": 1}
