@@ -164,6 +164,7 @@ def _build_worker(state: AppState) -> None:
                 window_seconds=settings.publish_dedup_window_seconds,
             ),
             poll_seconds=settings.relay_poll_seconds,
+            batch_concurrency=settings.relay_batch_concurrency,
         )
     relay = state.relay
     processor = build_processor(state, on_stored=relay.wake if relay is not None else lambda: None)

@@ -46,7 +46,8 @@ class Settings(BaseSettings):
     shutdown_grace_seconds: float = Field(default=20.0, ge=0)
 
     relay_poll_seconds: float = Field(default=1.0, gt=0)
-    relay_max_attempts: int = Field(default=8, ge=1)
+    # PublishBatch calls in flight at once (each for different message groups).
+    relay_batch_concurrency: int = Field(default=4, ge=1)
 
     log_format: str = Field(default="auto", pattern="^(auto|json|console)$")
     log_level: str = "info"

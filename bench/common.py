@@ -255,7 +255,7 @@ sources:
   github: {{type: github, secret: "${{BENCH_GITHUB_SECRET}}", pipeline: triage}}
 pipelines:
   triage:
-    model: claude-sonnet-4-5
+    model: claude-sonnet-4-6
     system: You triage GitHub events for the on-call team.
     tools: [publishAlert]
 tools:

@@ -59,14 +59,23 @@ class PublishedMemory:
     def _key(self, dedup_id: str) -> str:
         return f"{self.prefix}:published:{dedup_id}"
 
-    async def recall(self, dedup_id: str) -> str | None:
-        """None when unknown — or when Redis cannot say (SNS's own 5-minute dedup remains)."""
+    async def recall_many(self, dedup_ids: list[str]) -> list[str | None]:
+        """The message id each dedup id was published as; None when unknown — or when Redis
+        cannot say (SNS's own 5-minute dedup remains)."""
+        if not dedup_ids:
+            return []
         try:
-            value = await self.redis.get(self._key(dedup_id))
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for dedup_id in dedup_ids:
+                    pipe.get(self._key(dedup_id))
+                values = await pipe.execute()
         except (RedisError, OSError):
-            return None
-        return value.decode() if isinstance(value, bytes) else value
+            return [None] * len(dedup_ids)
+        return [v.decode() if isinstance(v, bytes) else v for v in values]
 
-    async def remember(self, dedup_id: str, message_id: str) -> None:
+    async def remember_many(self, published: list[tuple[str, str]]) -> None:
         with contextlib.suppress(RedisError, OSError):
-            await self.redis.set(self._key(dedup_id), message_id, ex=self.window_seconds)
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for dedup_id, message_id in published:
+                    pipe.set(self._key(dedup_id), message_id, ex=self.window_seconds)
+                await pipe.execute()

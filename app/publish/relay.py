@@ -43,6 +43,7 @@ class OutboxRelay:
         poll_seconds: float,
         fetch_size: int = 500,
         max_backoff: float = 30.0,
+        batch_concurrency: int = 4,
     ) -> None:
         self.sessions = sessions
         self.publisher = publisher
@@ -52,6 +53,8 @@ class OutboxRelay:
         self.fetch_size = fetch_size
         self.max_backoff = max_backoff
         self._wake = asyncio.Event()
+        # PublishBatch calls in flight at once (different groups only, so order is unaffected).
+        self._batch_slots = asyncio.Semaphore(batch_concurrency)
         # group id → (consecutive failures, monotonic time before which it is not retried)
         self._backoff: dict[str, tuple[int, float]] = {}
 
@@ -104,59 +107,71 @@ class OutboxRelay:
 
     async def _publish_heads(self, heads: Sequence[OutboxRow]) -> dict[int, bool]:
         """Publish one row per group; True for rows that are settled."""
+        remembered = (
+            await self.memory.recall_many([r.dedup_id for r in heads])
+            if self.memory
+            else [None] * len(heads)
+        )
+        done = [
+            (row, Published(mid, None))
+            for row, mid in zip(heads, remembered, strict=True)
+            if mid is not None
+        ]
         by_topic: dict[str, list[OutboxRow]] = {}
-        settled: dict[int, bool] = {}
-        for row in heads:
-            assert row.topic_arn is not None
-            remembered = await self.memory.recall(row.dedup_id) if self.memory else None
-            if remembered is not None:
-                await self._published(row, Published(remembered, None), replayed=True)
-                settled[row.id] = True
-            else:
+        for row, mid in zip(heads, remembered, strict=True):
+            if mid is None:
+                assert row.topic_arn is not None
                 by_topic.setdefault(row.topic_arn, []).append(row)
         batches = [batch for rows in by_topic.values() for batch in _batches(rows)]
-        results = await asyncio.gather(*(self._publish_batch(batch) for batch in batches))
-        for result in results:
-            settled.update(result)
+        replies = await asyncio.gather(*(self._send(batch) for batch in batches))
+        settled = {row.id: True for row, _ in done}
+        fresh: list[tuple[OutboxRow, Published]] = []
+        for batch, results in zip(batches, replies, strict=True):
+            for row, result in zip(batch, results, strict=True):
+                if isinstance(result, Published):
+                    fresh.append((row, result))
+                    settled[row.id] = True
+                else:
+                    await self._failed(row, result)
+                    settled[row.id] = not result.retryable
+        if self.memory is not None and fresh:
+            await self.memory.remember_many([(r.dedup_id, p.message_id) for r, p in fresh])
+        await self._mark_published(done, outcome="already_published")
+        await self._mark_published(fresh, outcome="published")
         return settled
 
-    async def _publish_batch(self, rows: list[OutboxRow]) -> dict[int, bool]:
-        results = await self.publisher.publish_batch([_message(row) for row in rows])
-        settled: dict[int, bool] = {}
-        for row, result in zip(rows, results, strict=True):
-            if isinstance(result, Published):
-                await self._published(row, result)
-                settled[row.id] = True
-            else:
-                await self._failed(row, result)
-                settled[row.id] = not result.retryable
-        return settled
+    async def _send(self, batch: list[OutboxRow]) -> list[Published | PublishError]:
+        async with self._batch_slots:
+            return await self.publisher.publish_batch([_message(r) for r in batch])
 
-    async def _published(
-        self, row: OutboxRow, result: Published, *, replayed: bool = False
+    async def _mark_published(
+        self, published: list[tuple[OutboxRow, Published]], *, outcome: str
     ) -> None:
-        topic = (row.topic_arn or "").rsplit(":", 1)[-1]
-        PUBLISHED.labels(
-            topic=topic, outcome="already_published" if replayed else "published"
-        ).inc()
-        self._backoff.pop(row.group_id, None)
-        if self.memory is not None and not replayed:
-            await self.memory.remember(row.dedup_id, result.message_id)
+        """Mark a round's published rows and finish their events, in one transaction."""
+        if not published:
+            return
         async with self.sessions() as session:
             outbox = OutboxRepository(session)
-            await outbox.mark_published(
-                row.id, message_id=result.message_id, sequence_number=result.sequence_number
-            )
-            if await outbox.unpublished_count(row.event_id, generation=row.generation) == 0:
-                await self._finish_event(session, row.event_id)
+            for row, result in published:
+                await outbox.mark_published(
+                    row.id, message_id=result.message_id, sequence_number=result.sequence_number
+                )
+            for event_id, generation in dict.fromkeys(
+                (r.event_id, r.generation) for r, _ in published
+            ):
+                if await outbox.unpublished_count(event_id, generation=generation) == 0:
+                    await self._finish_event(session, event_id)
             await session.commit()
-        log.info(
-            "tool_call_published",
-            event_id=row.event_id,
-            tool=row.tool,
-            group_id=row.group_id,
-            message_id=result.message_id,
-        )
+        for row, result in published:
+            self._backoff.pop(row.group_id, None)
+            PUBLISHED.labels(topic=(row.topic_arn or "").rsplit(":", 1)[-1], outcome=outcome).inc()
+            log.info(
+                "tool_call_published",
+                event_id=row.event_id,
+                tool=row.tool,
+                group_id=row.group_id,
+                message_id=result.message_id,
+            )
 
     async def _finish_event(self, session: AsyncSession, event_id: str) -> None:
         events = EventRepository(session)

@@ -217,7 +217,7 @@ async def test_remembered_dedup_id_is_marked_not_republished(
 ) -> None:
     await _add_event(sessions, "evt_seen", "acme/api", 1, sns.topic_arn)
     memory = PublishedMemory(redis, prefix=redis_prefix, window_seconds=60)
-    await memory.remember(deduplication_id("evt_seen", 0), "msg-from-before-the-crash")
+    await memory.remember_many([(deduplication_id("evt_seen", 0), "msg-from-before-the-crash")])
     publisher = RecordingPublisher(SnsPublisher(sns_client), {})
     assert await _relay(sessions, publisher, memory).publish_pending() == 1
     assert publisher.calls == []
