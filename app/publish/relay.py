@@ -68,9 +68,7 @@ class OutboxRelay:
                     await asyncio.wait_for(self._wake.wait(), self.poll_seconds)
                 self._wake.clear()
                 try:
-                    # The lease is renewed before every round: a relay that kept publishing
-                    # past its lease's expiry would race the next holder and publish twice.
-                    while await self._holds_lease() and await self.publish_pending():
+                    while await self.publish_pending():
                         pass
                 except Exception:
                     log.exception("relay_round_failed")
@@ -84,6 +82,8 @@ class OutboxRelay:
     async def publish_pending(self) -> int:
         """Publish the oldest pending rows; returns how many were settled (published or
         dead-lettered), so a caller can loop while there is progress."""
+        if not await self._holds_lease():
+            return 0
         async with self.sessions() as session:
             rows = await OutboxRepository(session).pending(limit=self.fetch_size)
         now = time.monotonic()
@@ -103,6 +103,10 @@ class OutboxRelay:
                         del groups[row.group_id]
                 else:
                     del groups[row.group_id]  # retryable failure: the group waits
+            # Renewed after every round, not only per call: with a slow SNS one call can
+            # outlast the lease, and a relay publishing past it would race the next holder.
+            if groups and not await self._holds_lease():
+                break
         return settled
 
     async def _publish_heads(self, heads: Sequence[OutboxRow]) -> dict[int, bool]:

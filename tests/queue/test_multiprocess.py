@@ -172,14 +172,15 @@ def test_sigkill_mid_stream_loses_nothing_duplicates_nothing_keeps_order(
     duplicated = len(messages) + len(extra) - len({i for ids in received.values() for i in ids})
     out_of_order = sum(1 for repo, ids in accepted.items() if received.get(repo) != ids)
     all_publishes = len(sns.receive(sns.all_url, expected=total, timeout=30))
-    print(
-        f"\nmultiprocess: events={total} keys={keys} lost={lost} duplicated={duplicated} "
+    summary = (
+        f"multiprocess: events={total} keys={keys} lost={lost} duplicated={duplicated} "
         f"out_of_order_keys={out_of_order} sns_publishes={all_publishes} "
         f"takeover_s={takeover:.1f} claude_calls={len(fake_claude.behaviour.requests)}"
     )
-    assert extra == []
-    assert received == accepted  # exactly once, in arrival order per key
-    assert takeover < 20
+    print("\n" + summary)
+    assert extra == [], summary
+    assert received == accepted, summary  # exactly once, in arrival order per key
+    assert takeover < 20, summary
 
 
 def test_sigterm_drains_and_hands_partitions_over(
