@@ -51,6 +51,9 @@ class Settings(BaseSettings):
     log_format: str = Field(default="auto", pattern="^(auto|json|console)$")
     log_level: str = "info"
 
+    # Hardening: a sender must deliver its whole body within this long (408 otherwise).
+    body_read_timeout_seconds: float = Field(default=30.0, gt=0)
+
     @property
     def anthropic_api_key(self) -> str | None:
         return os.environ.get("ANTHROPIC_API_KEY") or os.environ.get("ANTHROPIC_AUTH_TOKEN")
