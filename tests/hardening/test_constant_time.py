@@ -11,7 +11,7 @@ import base64
 import hashlib
 import hmac
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
@@ -75,7 +75,7 @@ SCHEMES = [github, bearer, basic, standard, generic]
 
 
 @pytest.fixture
-def decide(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[bool], list[object]]]:
+def decide(monkeypatch: pytest.MonkeyPatch) -> Callable[[bool], list[object]]:
     calls: list[object] = []
 
     def install(answer: bool) -> list[object]:
@@ -87,7 +87,7 @@ def decide(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[bool], list[ob
             monkeypatch.setattr(module.hmac, "compare_digest", fake)
         return calls
 
-    yield install
+    return install
 
 
 @pytest.mark.parametrize("scheme", SCHEMES, ids=lambda s: s.__name__)
