@@ -59,7 +59,6 @@ class QueueWorker:
         # Entries handed to the dispatcher and not yet done, and how many per partition.
         self._held: set[tuple[int, bytes]] = set()
         self._in_flight: Counter[int] = Counter()
-        self._rotation = 0
 
     async def run(self) -> None:
         self.dispatcher.start()
@@ -126,18 +125,11 @@ class QueueWorker:
         if room == 0 or not self.reading:
             await asyncio.sleep(min(block_ms, 200) / 1000)
             return
-        partitions = sorted(self.reading)
-        if room < len(partitions):
-            # XREADGROUP's COUNT is per stream: read `room` partitions at a time, in turn, so
-            # no more entries leave Redis than the dispatcher has room for.
-            start = self._rotation % len(partitions)
-            self._rotation += room
-            partitions = (partitions[start:] + partitions[:start])[:room]
         try:
             entries = await self.queue.read_new(
                 consumer=self.consumer,
-                partitions=partitions,
-                count=room // len(partitions),
+                partitions=sorted(self.reading),
+                count=room,
                 block_ms=block_ms,
             )
         except REDIS_ERRORS as exc:
