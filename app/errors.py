@@ -13,6 +13,7 @@ from __future__ import annotations
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 
@@ -42,6 +43,13 @@ class QueueUnavailable(AppError):
         return {"Retry-After": str(self.retry_after)}
 
 
+class ErrorBody(BaseModel):
+    """What every error response carries (the OpenAPI schema of 4xx/5xx bodies)."""
+
+    error: str
+    detail: str
+
+
 def error_body(name: str, detail: str) -> dict[str, str]:
     return {"error": name, "detail": detail}
 
@@ -56,7 +64,8 @@ def install_error_handlers(app: FastAPI) -> None:
     async def http_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
         name = {404: "NotFound", 405: "MethodNotAllowed"}.get(exc.status_code, "HTTPError")
-        return JSONResponse(error_body(name, str(exc.detail)), exc.status_code)
+        # Keep the exception's headers: a 405 must say which methods are allowed (RFC 9110).
+        return JSONResponse(error_body(name, str(exc.detail)), exc.status_code, headers=exc.headers)
 
     async def validation_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)

@@ -82,6 +82,9 @@ class Settings(BaseSettings):
     # round trip (app/queue/batching.py). Off: one Lua call per request.
     ingest_batching: bool = True
 
+    # Hardening: a sender must deliver its whole body within this long (408 otherwise).
+    body_read_timeout_seconds: float = Field(default=30.0, gt=0)
+
     @property
     def anthropic_api_key(self) -> str | None:
         return os.environ.get("ANTHROPIC_API_KEY") or os.environ.get("ANTHROPIC_AUTH_TOKEN")

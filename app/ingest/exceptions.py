@@ -4,6 +4,7 @@ AppError
 ├── UnknownSource 404
 ├── InvalidSignature 401      (missing or wrong signature / token)
 │   └── StaleTimestamp 401    (signed timestamp outside the tolerance)
+├── RequestTimeout 408        (the body did not arrive within the read timeout)
 ├── PayloadTooLarge 413
 ├── UnsupportedMediaType 415
 └── InvalidPayload 400        (not JSON, or JSON the source type cannot read)
@@ -24,6 +25,10 @@ class InvalidSignature(AppError):
 
 class StaleTimestamp(InvalidSignature):
     pass
+
+
+class RequestTimeout(AppError):
+    status_code = 408
 
 
 class PayloadTooLarge(AppError):

@@ -1,7 +1,9 @@
-"""HTTP only: read the body within the size limit, hand it to the ingest service."""
+"""HTTP only: read the body within the size limit and the read timeout, hand it to the
+ingest service."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import orjson
@@ -9,14 +11,15 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from app.deps import IngestServiceDep, StateDep
-from app.errors import error_body
-from app.ingest.exceptions import PayloadTooLarge
+from app.errors import ErrorBody, error_body
+from app.ingest.exceptions import PayloadTooLarge, RequestTimeout
 from app.ingest.schemas import BatchIngestResponse, IngestResponse
 
 router = APIRouter(tags=["ingest"])
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {
+        "model": ErrorBody,
         "description": text,
         "content": {"application/json": {"example": error_body(name, text)}},
     }
@@ -24,25 +27,55 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         (400, "InvalidPayload", "body is not valid JSON"),
         (401, "InvalidSignature", "signature does not match the body"),
         (404, "UnknownSource", "no source named 'x' is configured"),
+        (408, "RequestTimeout", "the body was not received within 30s"),
         (413, "PayloadTooLarge", "body is larger than 5242880 bytes"),
         (415, "UnsupportedMediaType", "expected application/json"),
         (503, "QueueUnavailable", "the event queue is unreachable or full; retry later"),
     ]
 }
+_ERRORS[503]["headers"] = {
+    "Retry-After": {"description": "seconds to wait before retrying", "schema": {"type": "string"}}
+}
+# The body is read raw (signatures are over the exact bytes), so FastAPI cannot infer it.
+_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": {
+                    "anyOf": [
+                        {"type": "object"},
+                        {"type": "array", "items": {"type": "object"}},
+                    ]
+                }
+            }
+        },
+        "description": "the sender's JSON payload, exactly as signed (an array for batches)",
+    }
+}
 
 
-async def read_limited(request: Request, limit: int) -> bytes:
-    """Read at most ``limit`` bytes; refuse larger bodies without buffering them whole."""
+async def read_limited(request: Request, limit: int, *, read_seconds: float | None = None) -> bytes:
+    """Read at most ``limit`` bytes within ``read_seconds`` in total.
+
+    Larger bodies are refused as soon as the limit is passed, never buffered whole; a sender
+    trickling its body is cut off at the timeout, so it cannot hold a connection (and the
+    bytes it sent so far) for longer than that.
+    """
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"body is larger than {limit} bytes")
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"body is larger than {limit} bytes")
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(read_seconds):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise PayloadTooLarge(f"body is larger than {limit} bytes")
+                chunks.append(chunk)
+    except TimeoutError:
+        raise RequestTimeout(f"the body was not received within {read_seconds:g}s") from None
     return b"".join(chunks)
 
 
@@ -57,6 +90,7 @@ async def read_limited(request: Request, limit: int) -> bytes:
         },
         **_ERRORS,
     },
+    openapi_extra=_BODY,
 )
 async def receive_webhook(
     source: str, request: Request, service: IngestServiceDep, state: StateDep
@@ -72,7 +106,9 @@ async def receive_webhook(
     """
     registered = service.source(source)
     state.backlog.check()
-    body = await read_limited(request, registered.max_body_bytes)
+    body = await read_limited(
+        request, registered.max_body_bytes, read_seconds=state.settings.body_read_timeout_seconds
+    )
     outcome = await service.ingest(registered, request.headers, body)
     queued = sum(1 for e in outcome.events if e.status == "queued")
     if queued:

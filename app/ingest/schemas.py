@@ -48,9 +48,11 @@ EventStatusWord = Literal["queued", "duplicate", "ignored", "filtered", "collaps
 
 
 class IngestResponse(BaseModel):
-    """One event per request: ``{"event_id", "status"}`` (+ ``detail`` when not queued)."""
+    """One event per request: ``{"event_id", "status"}`` (+ ``detail`` when not queued).
 
-    event_id: str | None
+    ``event_id`` is left out when no event exists for the answer (ignored, filtered)."""
+
+    event_id: str | None = None
     status: EventStatusWord
     detail: str | None = None
 

@@ -6,6 +6,7 @@ import base64
 import binascii
 import hashlib
 import hmac
+import math
 import time
 
 from app.ingest.exceptions import InvalidSignature, StaleTimestamp
@@ -44,7 +45,7 @@ def verify_basic(username: str, password: str, header: str | None) -> None:
         raise InvalidSignature("Authorization must be 'Basic <credentials>'")
     try:
         decoded = base64.b64decode(value.strip(), validate=True)
-    except binascii.Error as exc:
+    except ValueError as exc:  # binascii.Error, or characters outside ASCII
         raise InvalidSignature("Basic credentials are not base64") from exc
     expected = f"{username}:{password}".encode()
     if not hmac.compare_digest(decoded, expected):
@@ -57,6 +58,8 @@ def check_timestamp(timestamp: str, *, tolerance_seconds: int, now: float | None
         sent = float(timestamp)
     except ValueError as exc:
         raise InvalidSignature("signature timestamp is not a number") from exc
+    if not math.isfinite(sent):  # NaN compares false with everything: it would pass
+        raise InvalidSignature("signature timestamp is not a finite number")
     if sent > 1e11:  # milliseconds
         sent /= 1000
     current = time.time() if now is None else now

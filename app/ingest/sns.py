@@ -14,7 +14,6 @@ import binascii
 import re
 from datetime import UTC, datetime
 from typing import Any, Protocol
-from urllib.parse import urlsplit
 
 import httpx
 import orjson
@@ -68,10 +67,14 @@ class HttpxSnsHttp:
 
 
 def check_sns_url(url: str, what: str) -> None:
-    parts = urlsplit(url)
-    if parts.scheme != "https" or parts.port is not None or parts.username is not None:
+    """Parsed by httpx, the client that fetches it: what is checked is what is fetched."""
+    try:
+        parts = httpx.URL(url)
+    except httpx.InvalidURL:
+        raise InvalidSignature(f"{what} is not a valid URL") from None
+    if parts.scheme != "https" or parts.port is not None or parts.userinfo:
         raise InvalidSignature(f"{what} must be an https URL on sns.<region>.amazonaws.com")
-    if not SNS_HOST.match(parts.hostname or ""):
+    if not SNS_HOST.match(parts.host):
         raise InvalidSignature(f"{what} host is not sns.<region>.amazonaws.com")
 
 
@@ -85,7 +88,7 @@ class SnsCertificates:
 
     async def public_key(self, url: str) -> rsa.RSAPublicKey:
         check_sns_url(url, "SigningCertURL")
-        if not urlsplit(url).path.endswith(".pem"):
+        if not httpx.URL(url).path.endswith(".pem"):
             raise InvalidSignature("SigningCertURL must point to a .pem certificate")
         if url in self._keys:
             return self._keys[url]

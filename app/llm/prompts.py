@@ -10,7 +10,7 @@ from typing import Any
 
 from app.config import GatewayConfig
 from app.ingest.schemas import Event
-from app.llm.summaries import summarize
+from app.llm.summaries import one_line, summarize
 from app.llm.trim import fit
 
 DEFAULT_BUDGET_CHARS = 6_000
@@ -23,25 +23,39 @@ DATA_NOTICE = (
 _FENCE = re.compile(r"<(/?)(event_(?:summary|payload))", re.IGNORECASE)
 
 
+# Line breaks JSON leaves raw inside strings (orjson escapes only controls below 0x20).
+_RAW_BREAKS = str.maketrans({c: f"\\u{ord(c):04x}" for c in "\x85\u2028\u2029"})
+
+
 def fence_safe(text: str) -> str:
     """The data cannot open or close a fence (``</event_payload>`` → ``<\\/event_payload>``)."""
     return _FENCE.sub(lambda m: "<\\" + m.group(1) + m.group(2), text)
+
+
+def payload_line(text: str, budget: int) -> str:
+    """The serialised payload as one fenced-safe line, cut again if escaping outgrew the
+    budget (cutting only drops a suffix, so it cannot form a fence tag)."""
+    safe = fence_safe(text.translate(_RAW_BREAKS))
+    if len(safe) <= len(text) or len(safe) <= budget:
+        return safe
+    return safe[:budget] + f"... [truncated {len(safe) - budget} chars]"
 
 
 def render_event(event: Event, *, budget_chars: int = DEFAULT_BUDGET_CHARS) -> str:
     budget = event.prompt_budget_chars or budget_chars
     summary = summarize(event.source_type, event.type, event.payload)
     payload = fit(event.payload, budget=budget, source_type=event.source_type)
+    # The event type and group key come from the payload too: one line each, no fence tags.
     parts = [
         f"source: {event.source} ({event.source_type or 'webhook'})",
-        f"event type: {event.type}",
-        f"group: {event.group_key}",
+        f"event type: {fence_safe(one_line(event.type))}",
+        f"group: {fence_safe(one_line(event.group_key))}",
         f"received at: {event.received_at.isoformat()}",
     ]
     if summary:
         lines = "\n".join(f"{label}: {value}" for label, value in summary)
         parts.append(f"<event_summary>\n{fence_safe(lines)}\n</event_summary>")
-    parts.append(f"<event_payload>\n{fence_safe(payload)}\n</event_payload>")
+    parts.append(f"<event_payload>\n{payload_line(payload, budget)}\n</event_payload>")
     return "\n".join(parts)
 
 

@@ -62,8 +62,12 @@ class OutboxRelay:
         self._wake.set()
 
     async def run(self) -> None:
+        """Runs until cancelled. A cancel that a library below swallows (Python 3.11's
+        ``wait_for`` can, when its inner call finishes at the same moment — seen while the
+        database was down at shutdown) still ends the loop: ``cancelling()`` is checked."""
+        task = asyncio.current_task()
         try:
-            while True:
+            while task is None or not task.cancelling():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), self.poll_seconds)
                 self._wake.clear()
@@ -72,6 +76,7 @@ class OutboxRelay:
                         pass
                 except Exception:
                     log.exception("relay_round_failed")
+            raise asyncio.CancelledError
         finally:
             if self.lease is not None:
                 await self.lease.release()

@@ -1,0 +1,178 @@
+"""Fault injection for tests: a TCP proxy that can be cut, made to throttle or slowed down,
+and a private ``redis-server`` that can be killed and restarted empty. The shared Redis and
+PostgreSQL are never stopped; the gateway reaches them (or moto) through a proxy instead."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from redis import Redis
+
+from tests.support import free_port, reachable
+
+THROTTLED = (
+    b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/xml\r\nConnection: close\r\n"
+    b"Content-Length: %d\r\n\r\n%s"
+)
+THROTTLE_XML = (
+    b"<ErrorResponse><Error><Type>Sender</Type><Code>Throttling</Code>"
+    b"<Message>Rate exceeded</Message></Error><RequestId>x</RequestId></ErrorResponse>"
+)
+
+
+class FaultProxy:
+    """``127.0.0.1:<port>`` → ``target``, on its own event loop thread.
+
+    mode ``pass`` forwards; ``cut`` closes every open connection and every new one at once
+    (a dependency that is down); ``throttle`` answers each HTTP request with an AWS
+    ``Throttling`` error. ``delay`` holds each chunk from the target back that long.
+    ``requests`` counts chunks sent by clients (seen while forwarding), ``refused`` the
+    connections a fault turned away."""
+
+    def __init__(self, target_host: str, target_port: int) -> None:
+        self.target = (target_host, target_port)
+        self.port = free_port()
+        self.mode = "pass"
+        self.delay = 0.0
+        self.requests = 0
+        self.refused = 0
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def __enter__(self) -> FaultProxy:
+        self._thread.start()
+        self._ready.wait(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        # Close every connection first: a peer left on a silent socket would wait forever.
+        self._loop.call_soon_threadsafe(self._close_all)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+
+    def set_mode(self, mode: str) -> None:
+        self.mode = mode
+        if mode != "pass":
+            self._loop.call_soon_threadsafe(self._close_all)
+
+    def _close_all(self) -> None:
+        for writer in list(self._writers):
+            writer.close()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        server = self._loop.run_until_complete(
+            asyncio.start_server(self._accept, "127.0.0.1", self.port)
+        )
+        self._ready.set()
+        try:
+            self._loop.run_forever()
+        finally:
+            server.close()
+            for task in asyncio.all_tasks(self._loop):
+                task.cancel()
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.mode != "pass":
+            self.refused += 1
+        if self.mode == "cut":
+            writer.close()
+            return
+        if self.mode == "throttle":
+            await _throttle(reader, writer)
+            return
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self.target)
+        except OSError:
+            writer.close()
+            return
+        self._writers.update((writer, up_writer))
+        try:
+            await asyncio.gather(
+                self._pipe(reader, up_writer, upstream=True),
+                self._pipe(up_reader, writer, upstream=False),
+            )
+        finally:
+            for w in (writer, up_writer):
+                self._writers.discard(w)
+                w.close()
+
+    async def _pipe(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, upstream: bool
+    ) -> None:
+        with contextlib.suppress(OSError, asyncio.IncompleteReadError):
+            while chunk := await reader.read(65536):
+                if self.mode != "pass":
+                    break
+                if upstream:
+                    self.requests += 1
+                elif self.delay:
+                    await asyncio.sleep(self.delay)
+                writer.write(chunk)
+                await writer.drain()
+        writer.close()
+
+
+async def _throttle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    with contextlib.suppress(OSError, asyncio.IncompleteReadError, ValueError):
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = 0
+            for line in head.split(b"\r\n"):
+                name, _, value = line.partition(b":")
+                if name.strip().lower() == b"content-length":
+                    length = int(value.strip())
+            await reader.readexactly(length)
+            writer.write(THROTTLED % (len(THROTTLE_XML), THROTTLE_XML))
+            await writer.drain()
+            break
+    writer.close()
+
+
+class PrivateRedis:
+    """A throwaway ``redis-server`` (no persistence) on a free port."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.binary = shutil.which("redis-server") or "redis-server"
+        self.port = free_port()
+        self.workdir = workdir
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> PrivateRedis:
+        self.proc = subprocess.Popen(
+            [
+                *(self.binary, "--port", str(self.port), "--bind", "127.0.0.1"),
+                *("--save", "", "--appendonly", "no", "--dir", str(self.workdir)),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while not reachable("127.0.0.1", self.port):
+            assert time.monotonic() < deadline, "redis-server did not start"
+            time.sleep(0.05)
+        return self
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def client(self) -> Redis:
+        return Redis.from_url(self.url)
