@@ -111,6 +111,8 @@ class SnsFixture:
         self.fifo_url = self._queue(f"{name}-sub.fifo", fifo=True)
         # The standard queue counts every publish (SQS FIFO would hide duplicates).
         self.all_url = self._queue(f"{name}-all", fifo=False)
+        self._seen: set[str] = set()
+        self.redeliveries = 0
 
     def _queue(self, name: str, *, fifo: bool) -> str:
         attributes = {"FifoQueue": "true"} if fifo else {}
@@ -127,7 +129,12 @@ class SnsFixture:
         return url
 
     def receive(self, url: str, *, expected: int, timeout: float = 30) -> list[dict[str, Any]]:
-        """Drain ``url`` until ``expected`` messages arrived (or the timeout); delete them."""
+        """Drain ``url`` until ``expected`` messages arrived (or the timeout); delete them.
+
+        An SQS redelivery (same SQS ``MessageId``, e.g. after a visibility timeout on a slow
+        moto) is the queue's at-least-once delivery, not a second publish: it is counted in
+        ``redeliveries`` and left out, like any FIFO consumer deduplicating would.
+        """
         got: list[dict[str, Any]] = []
         deadline = time.monotonic() + timeout
         while len(got) < expected and time.monotonic() < deadline:
@@ -139,8 +146,12 @@ class SnsFixture:
                 MessageAttributeNames=["All"],
             )
             for message in reply.get("Messages", []):
-                got.append(message)
                 self.sqs.delete_message(QueueUrl=url, ReceiptHandle=message["ReceiptHandle"])
+                if message["MessageId"] in self._seen:
+                    self.redeliveries += 1
+                    continue
+                self._seen.add(message["MessageId"])
+                got.append(message)
         return got
 
     def drain_extra(self, url: str) -> list[dict[str, Any]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Path, Query
 
 from app.admin.deps import AdminServiceDep, require_admin
 from app.admin.repository import DeadLetterFilter, EventFilter, LlmCallFilter
@@ -17,15 +17,20 @@ from app.admin.schemas import (
     Page,
     ReplayAccepted,
 )
-from app.errors import error_body
+from app.errors import ErrorBody, error_body
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {
+        "model": ErrorBody,
         "description": text,
         "content": {"application/json": {"example": error_body(name, text)}},
     }
     for status, name, text in [
+        (400, "InvalidCursor", "cursor is not one this API handed out"),
         (401, "Unauthorized", "missing or wrong bearer token (Authorization: Bearer <token>)"),
+        (404, "NotFound", "no event with that id"),
+        (409, "AlreadyReplayed", "this dead letter was already replayed"),
+        (422, "ValidationError", "query.limit: Input should be less than or equal to 500"),
         (503, "AdminDisabled", "admin API is disabled: set EVENTGATE_ADMIN_TOKEN"),
     ]
 }
@@ -33,6 +38,8 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 router = APIRouter(tags=["admin"], dependencies=[Depends(require_admin)], responses=_ERRORS)
 
 Limit = Annotated[int, Query(ge=1, le=500, description="page size")]
+# Ids are 64-bit row ids: a larger number is a 422, not an overflow deep in the driver.
+DeadLetterId = Annotated[int, Path(ge=1, le=2**63 - 1)]
 Cursor = Annotated[str | None, Query(description="next_cursor of the previous page")]
 
 
@@ -108,7 +115,9 @@ async def list_dead_letters(
 @router.post(
     "/v1/dead-letters/{dead_letter_id}/replay", status_code=202, response_model=ReplayAccepted
 )
-async def replay_dead_letter(dead_letter_id: int, service: AdminServiceDep) -> ReplayAccepted:
+async def replay_dead_letter(
+    dead_letter_id: DeadLetterId, service: AdminServiceDep
+) -> ReplayAccepted:
     """Put the event back on its queue as a new generation: Claude decides again and its
     tool calls get new deduplication ids. 409 if already replayed or the event moved on."""
     return await service.replay(dead_letter_id)

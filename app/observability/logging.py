@@ -67,6 +67,12 @@ def configure_logging(*, fmt: str = "auto", level: str = "info") -> None:
         wrapper_class=structlog.make_filtering_bound_logger(
             logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
         ),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        # sys.stderr is looked up per logger, not captured once: a process (or test) that
+        # swaps stderr later keeps logging instead of writing to a closed file.
+        logger_factory=_stderr_logger,
         cache_logger_on_first_use=False,
     )
+
+
+def _stderr_logger(*_: object) -> structlog.PrintLogger:
+    return structlog.PrintLogger(sys.stderr)

@@ -77,8 +77,9 @@ class PartitionLeases:
         await self.redis.zremrangebyscore(self.members_key, 0, now_ms - self.ttl_ms)
         return max(1, int(await self.redis.zcard(self.members_key)))
 
-    async def tick(self, *, busy: set[int] | None = None) -> LeaseChanges:
-        """Heartbeat, renew, give back extras (only idle ones), take free ones up to a share."""
+    async def tick(self, *, busy: set[int] | None = None, acquire: bool = True) -> LeaseChanges:
+        """Heartbeat, renew, give back extras (only idle ones), take free ones up to a share
+        (unless ``acquire`` is False: a stopping process only keeps what it has)."""
         changes = LeaseChanges()
         await self.redis.zadd(self.members_key, {self.owner: int(time.time() * 1000)})
         for partition, token in list(self.tokens.items()):
@@ -96,7 +97,7 @@ class PartitionLeases:
             await self.release(partition)
             changes.lost.append(partition)
             extra -= 1
-        if len(self.tokens) < share:
+        if acquire and len(self.tokens) < share:
             free = [p for p in range(self.partitions) if p not in self.tokens]
             random.shuffle(free)  # processes starting together should not collide in order
             for partition in free:

@@ -59,27 +59,33 @@ class QueueWorker:
         # Entries handed to the dispatcher and not yet done, and how many per partition.
         self._held: set[tuple[int, bytes]] = set()
         self._in_flight: Counter[int] = Counter()
+        self._to_claim: list[int] = []
 
     async def run(self) -> None:
         self.dispatcher.start()
+        keeper: asyncio.Task[None] | None = None
         try:
             await self._wait_for_redis()
-            next_tick = 0.0
-            loop = asyncio.get_running_loop()
+            # Leases are kept by their own task: the read loop may wait for buffer room for
+            # as long as processing is slow, and a lease must not expire meanwhile.
+            keeper = asyncio.create_task(self._keep_leases(), name="lease-keeper")
             while not self._stopping.is_set():
-                if loop.time() >= next_tick:
-                    await self._rebalance()
-                    next_tick = loop.time() + self.tick_seconds
-                await self._read_once(block_ms=int(max(0.05, next_tick - loop.time()) * 1000))
+                await self._claim_acquired()
+                await self._read_once(block_ms=500)
         finally:
-            await self._drain()
+            await self._drain(keeper)
 
     def stop(self) -> None:
         self._stopping.set()
 
-    async def _drain(self) -> None:
+    async def _drain(self, keeper: asyncio.Task[None] | None) -> None:
+        # The keeper goes on renewing (without taking new partitions) while in-flight
+        # events finish, so their acks are not fenced off by an expired lease.
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.dispatcher.wait_idle(), self.grace_seconds)
+        if keeper is not None:
+            keeper.cancel()
+            await asyncio.gather(keeper, return_exceptions=True)
         await self.dispatcher.stop()
         with contextlib.suppress(*REDIS_ERRORS):
             await self.leases.release_all()
@@ -96,15 +102,24 @@ class QueueWorker:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 10)
 
-    async def _rebalance(self) -> None:
-        busy = {p for p, n in self._in_flight.items() if n > 0}
-        try:
-            changes = await self.leases.tick(busy=busy)
-        except REDIS_ERRORS as exc:
-            log.warning("lease_tick_failed", error=type(exc).__name__)
-            return
-        self.reading.difference_update(changes.lost)
-        for partition in changes.acquired:
+    async def _keep_leases(self) -> None:
+        while True:
+            busy = {p for p, n in self._in_flight.items() if n > 0}
+            try:
+                changes = await self.leases.tick(busy=busy, acquire=not self._stopping.is_set())
+            except REDIS_ERRORS as exc:
+                log.warning("lease_tick_failed", error=type(exc).__name__)
+            else:
+                self.reading.difference_update(changes.lost)
+                self._to_claim.extend(changes.acquired)
+            await asyncio.sleep(self.tick_seconds)
+
+    async def _claim_acquired(self) -> None:
+        """Dispatch what a partition's previous owner left pending, then start reading it."""
+        while self._to_claim:
+            partition = self._to_claim.pop(0)
+            if partition not in self.leases.tokens:
+                continue  # lost again before it was claimed
             try:
                 await self.queue.ensure_groups([partition])
                 pending = await self.queue.claim_pending(
@@ -112,7 +127,8 @@ class QueueWorker:
                 )
             except REDIS_ERRORS as exc:
                 log.warning("claim_failed", partition=partition, error=type(exc).__name__)
-                await self.leases.release(partition)
+                with contextlib.suppress(*REDIS_ERRORS):
+                    await self.leases.release(partition)
                 continue
             if pending:
                 log.info("pending_claimed", partition=partition, entries=len(pending))

@@ -31,12 +31,13 @@ from tests.conftest import HAVE_REDIS, REDIS_URL
 
 MAX_EXAMPLES = 60
 TOKEN = "fuzz-token-0123456789"
+ADMIN_TOKEN = "fuzz-admin-token-0123456789"
 CONFIG = f"""
 sources:
   github: {{type: github, secret: fuzz-github-secret, pipeline: triage}}
   hook: {{type: token, token: {TOKEN}, split: true, group_key: device, pipeline: triage}}
 pipelines:
-  triage: {{model: claude-sonnet-4-5, system: triage, tools: [publishAlert]}}
+  triage: {{model: claude-sonnet-4-6, system: triage, tools: [publishAlert]}}
 tools:
   publishAlert:
     description: Raise an alert.
@@ -52,6 +53,7 @@ app = create_app(
         max_body_bytes=2048,  # small, so generated bodies reach the 413 branch too
         log_format="json",
         log_level="warning",
+        admin_token=ADMIN_TOKEN,
     ),
     parse_config(CONFIG, env={}),
     role="api",
@@ -62,6 +64,15 @@ schema = schemathesis.openapi.from_asgi("/openapi.json", app)
 @schema.parametrize()
 @settings(max_examples=MAX_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
 def test_no_server_errors_and_responses_conform(case: Any) -> None:
+    if case.operation.path.startswith("/v1/") and "webhooks" not in case.operation.path:
+        # The admin API with its token (its 401 without one is covered in tests/admin). A
+        # cursor is opaque: any string fits the schema, but only one the API handed out is
+        # accepted (400 otherwise), so the "valid data is accepted" check cannot apply; and
+        # times are parsed leniently (a Unix timestamp is a fine `since`), more than the
+        # schema's date-time, so neither can "invalid data is rejected".
+        case.headers = {**(case.headers or {}), "Authorization": f"Bearer {ADMIN_TOKEN}"}
+        case.call_and_validate(excluded_checks=[positive_data_acceptance, negative_data_rejection])
+        return
     case.call_and_validate()
     if case.operation.path == "/v1/webhooks/{source}":
         # Which bodies a source accepts depends on its config and limits (a scalar is fine

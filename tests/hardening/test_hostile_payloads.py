@@ -17,12 +17,12 @@ import httpx
 import orjson
 import pytest
 from sqlalchemy import select
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.config import parse_config
 from app.llm.prompts import DATA_NOTICE
 from app.main import create_app
 from app.settings import Settings
+from app.store.db import create_engine, session_factory
 from app.store.models import DeadLetterRow, EventRow, LlmCallRow, OutboxRow
 from app.testing.fake_anthropic import FakeAnthropicServer
 from tests.hardening.conftest import AWS_KEY_ID, AWS_SECRET, WEBHOOK_SECRET
@@ -39,19 +39,24 @@ def _tool_use(name: str, tool_input: dict[str, Any]) -> dict[str, Any]:
             "input": tool_input}  # fmt: skip
 
 
-async def _rows(sessions: async_sessionmaker[AsyncSession]) -> dict[str, list[Any]]:
-    async with sessions() as session:
-        return {
-            model.__tablename__: list((await session.scalars(select(model))).all())
-            for model in (EventRow, LlmCallRow, OutboxRow, DeadLetterRow)
-        }
+async def _rows(database_url: str) -> dict[str, list[Any]]:
+    # Its own engine: each asyncio.run is a new loop, and pooled connections belong to one.
+    engine = create_engine(database_url)
+    try:
+        async with session_factory(engine)() as session:
+            return {
+                model.__tablename__: list((await session.scalars(select(model))).all())
+                for model in (EventRow, LlmCallRow, OutboxRow, DeadLetterRow)
+            }
+    finally:
+        await engine.dispose()
 
 
 def test_hostile_payload_and_hostile_answers(
     make_settings: Callable[..., Settings],
     sns: SnsFixture,
     fake_claude: FakeAnthropicServer,
-    sessions: async_sessionmaker[AsyncSession],
+    database_url: str,
     monkeypatch: pytest.MonkeyPatch,
     capfd: pytest.CaptureFixture[str],
 ) -> None:
@@ -71,14 +76,13 @@ def test_hostile_payload_and_hostile_answers(
     }
 
     def responder(request: dict[str, Any]) -> list[dict[str, Any]]:
-        group = re.search(r"^group: (.*)$", request["messages"][-1]["content"], re.M)
+        # The first user turn holds the event (a repair turn follows it with tool results).
+        group = re.search(r"^group: (.*)$", request["messages"][0]["content"], re.M)
         assert group is not None
         return replies[group.group(1)]
 
     fake_claude.behaviour.responder = responder
-    config = parse_config(
-        gateway_config(sns.topic_arn, secret="${HS}"), env={"HS": WEBHOOK_SECRET}
-    )
+    config = parse_config(gateway_config(sns.topic_arn, secret="${HS}"), env={"HS": WEBHOOK_SECRET})
     app = create_app(make_settings(), config, role="serve")
     with ServerThread(app) as server:
         for repo in replies:
@@ -95,16 +99,16 @@ def test_hostile_payload_and_hostile_answers(
         assert wrong.status_code == 401
         published = sns.receive(sns.fifo_url, expected=1, timeout=30)
         deadline = time.monotonic() + 20
-        while (rows := asyncio.run(_rows(sessions)))["events"] and not all(
+        while (rows := asyncio.run(_rows(database_url)))["events"] and not all(
             e.status in ("published", "dead_lettered") for e in rows["events"]
         ):
-            assert time.monotonic() < deadline
+            assert time.monotonic() < deadline, [(e.group_key, e.status, e.error) for e in rows["events"]]
             time.sleep(0.2)
         metrics = httpx.get(f"{server.url}/metrics").text
 
     # The prompt: the injection only inside the fences, under the data notice.
     for request in fake_claude.behaviour.requests:
-        prompt = request["messages"][-1]["content"]
+        prompt = request["messages"][0]["content"]  # the event turn (repairs follow it)
         assert prompt.count("</event_payload>") == 1 and prompt.endswith("</event_payload>")
         outside = re.sub(r"<event_(summary|payload)>.*?</event_\1>", "", prompt, flags=re.S)
         assert "Ignore previous" not in outside

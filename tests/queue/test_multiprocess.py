@@ -175,7 +175,8 @@ def test_sigkill_mid_stream_loses_nothing_duplicates_nothing_keeps_order(
     summary = (
         f"multiprocess: events={total} keys={keys} lost={lost} duplicated={duplicated} "
         f"out_of_order_keys={out_of_order} sns_publishes={all_publishes} "
-        f"takeover_s={takeover:.1f} claude_calls={len(fake_claude.behaviour.requests)}"
+        f"takeover_s={takeover:.1f} claude_calls={len(fake_claude.behaviour.requests)} "
+        f"sqs_redeliveries={sns.redeliveries}"
     )
     print("\n" + summary)
     assert extra == [], summary

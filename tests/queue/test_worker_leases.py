@@ -1,0 +1,76 @@
+"""The worker keeps its leases while processing is stalled and its buffer is full."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+
+import pytest
+from redis.asyncio import Redis
+
+from app.ingest.schemas import Event
+from app.queue.connection import connect_redis
+from app.queue.leases import PartitionLeases
+from app.queue.streams import EventQueue
+from app.queue.worker import QueueWorker
+
+
+@pytest.fixture
+async def redis(redis_url: str, redis_prefix: str) -> AsyncIterator[Redis]:
+    client = connect_redis(redis_url)
+    yield client
+    keys = [k async for k in client.scan_iter(match=f"{redis_prefix}:*")]
+    if keys:
+        await client.delete(*keys)
+    await client.aclose()
+
+
+async def test_leases_are_renewed_while_the_buffer_is_full(redis: Redis, redis_prefix: str) -> None:
+    queue = EventQueue(redis, prefix=redis_prefix, partitions=2)
+    for n in range(30):
+        event = Event(
+            id=f"evt_{n}",
+            source="s",
+            type="t",
+            group_key=f"k{n % 5}",
+            delivery_id=f"d{n}",
+            pipeline="p",
+            received_at=datetime.now(UTC),
+            payload={},
+        )
+        await queue.enqueue(
+            event_id=event.id,
+            source="s",
+            delivery_id=event.delivery_id,
+            group_key=event.group_key,
+            data=event.to_bytes(),
+            dedup_window_ms=60_000,
+        )
+    stalled = asyncio.Event()
+
+    async def stuck(_: Event) -> None:
+        await stalled.wait()  # Claude never answers
+
+    leases = PartitionLeases(redis, prefix=redis_prefix, partitions=2, owner="w1", ttl_ms=400)
+    worker = QueueWorker(
+        queue=queue,
+        leases=leases,
+        process=stuck,
+        consumer="w1",
+        concurrency=2,
+        grace_seconds=0.1,
+        max_buffered=3,
+    )
+    task = asyncio.create_task(worker.run())
+    await asyncio.sleep(0.5)
+    held = dict(leases.tokens)
+    assert sorted(held) == [0, 1]
+    await asyncio.sleep(1.6)  # four lease lifetimes with the read loop waiting for room
+    assert worker.dispatcher.free_slots() == 0
+    for partition, token in held.items():
+        assert await redis.get(leases.lease_key(partition)) == token.encode()
+    worker.stop()
+    stalled.set()
+    await asyncio.wait_for(task, 10)
+    assert leases.owned() == []  # given back on the way out
