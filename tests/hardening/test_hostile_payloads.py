@@ -102,7 +102,8 @@ def test_hostile_payload_and_hostile_answers(
         while (rows := asyncio.run(_rows(database_url)))["events"] and not all(
             e.status in ("published", "dead_lettered") for e in rows["events"]
         ):
-            assert time.monotonic() < deadline, [(e.group_key, e.status, e.error) for e in rows["events"]]
+            stuck = [(e.group_key, e.status, e.error) for e in rows["events"]]
+            assert time.monotonic() < deadline, stuck
             time.sleep(0.2)
         metrics = httpx.get(f"{server.url}/metrics").text
 
