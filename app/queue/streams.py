@@ -148,6 +148,19 @@ class EventQueue:
             if cursor in (b"0-0", "0-0"):
                 return claimed
 
+    async def forget_idle_consumers(self, *, partition: int, keep: str) -> int:
+        """Delete the group's other consumers that hold nothing (processes that left or were
+        restarted): without this every process start leaves a name behind on every stream."""
+        key = self.stream_key(partition)
+        removed = 0
+        for consumer in await self.redis.xinfo_consumers(key, GROUP):
+            name = consumer["name"]
+            name = name.decode() if isinstance(name, bytes) else str(name)
+            if name != keep and int(consumer["pending"]) == 0:
+                await self.redis.xgroup_delconsumer(key, GROUP, name)
+                removed += 1
+        return removed
+
     async def ack(self, entry: StreamEntry, event_id: str, *, token: str | None = None) -> bool:
         """Ack + delete the entry; with ``token``, only while that lease tenure still holds."""
         result = await self._ack(

@@ -125,6 +125,7 @@ class QueueWorker:
                 pending = await self.queue.claim_pending(
                     consumer=self.consumer, partition=partition, min_idle_ms=0
                 )
+                await self.queue.forget_idle_consumers(partition=partition, keep=self.consumer)
             except REDIS_ERRORS as exc:
                 log.warning("claim_failed", partition=partition, error=type(exc).__name__)
                 with contextlib.suppress(*REDIS_ERRORS):

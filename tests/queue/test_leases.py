@@ -108,3 +108,29 @@ async def test_ack_is_fenced_by_the_lease_token(redis: Redis, redis_prefix: str)
     assert await queue.ack(entry, "e1", token=b.tokens[partition])
     assert await redis.xlen(queue.stream_key(partition)) == 0
     assert isinstance(entry, StreamEntry)
+
+
+async def test_consumers_that_left_nothing_pending_are_forgotten(
+    redis: Redis, redis_prefix: str
+) -> None:
+    queue = EventQueue(redis, prefix=redis_prefix, partitions=1)
+    await queue.ensure_groups([0])
+    for n in range(2):
+        await queue.enqueue(
+            event_id=f"e{n}",
+            source="s",
+            delivery_id=f"d{n}",
+            group_key="k",
+            data=b"{}",
+            dedup_window_ms=60_000,
+        )
+    [first] = await queue.read_new(consumer="gone-idle", partitions=[0], count=1, block_ms=10)
+    await queue.ack(first, "e0")
+    [second] = await queue.read_new(consumer="gone-busy", partitions=[0], count=1, block_ms=10)
+    assert await queue.forget_idle_consumers(partition=0, keep="me") == 1
+    names = {c["name"] for c in await redis.xinfo_consumers(queue.stream_key(0), "eventgate")}
+    # The idle one is gone; one still holding an entry stays until its entry is claimed.
+    decoded = {n.decode() if isinstance(n, bytes) else n for n in names}
+    assert "gone-idle" not in decoded
+    assert "gone-busy" in decoded
+    assert second.entry_id
