@@ -55,6 +55,7 @@ class PartitionLeases:
         self.owner = owner
         self.ttl_ms = ttl_ms
         self.tokens: dict[int, str] = {}
+        self.share = partitions
         self._renew = redis.register_script(_RENEW)
         self._acquire = redis.register_script(_ACQUIRE)
         self._release = redis.register_script(_RELEASE)
@@ -77,9 +78,12 @@ class PartitionLeases:
         await self.redis.zremrangebyscore(self.members_key, 0, now_ms - self.ttl_ms)
         return max(1, int(await self.redis.zcard(self.members_key)))
 
-    async def tick(self, *, busy: set[int] | None = None, acquire: bool = True) -> LeaseChanges:
-        """Heartbeat, renew, give back extras (only idle ones), take free ones up to a share
-        (unless ``acquire`` is False: a stopping process only keeps what it has)."""
+    async def tick(
+        self, *, busy: set[int] | None = None, acquire: bool = True, give_back: bool = True
+    ) -> LeaseChanges:
+        """Heartbeat, renew, give back extras (only idle ones, and only with ``give_back``),
+        take free ones up to a share (unless ``acquire`` is False: a stopping process only
+        keeps what it has)."""
         changes = LeaseChanges()
         await self.redis.zadd(self.members_key, {self.owner: int(time.time() * 1000)})
         for partition, token in list(self.tokens.items()):
@@ -88,15 +92,9 @@ class PartitionLeases:
                 changes.lost.append(partition)
                 log.warning("lease_lost", partition=partition)
         share = math.ceil(self.partitions / await self.live_members())
-        extra = len(self.tokens) - share
-        for partition in sorted(self.tokens, reverse=True):
-            if extra <= 0:
-                break
-            if busy and partition in busy:
-                continue
-            await self.release(partition)
-            changes.lost.append(partition)
-            extra -= 1
+        self.share = share
+        if give_back:
+            changes.lost += await self.give_back_extras(busy=busy or set())
         if acquire and len(self.tokens) < share:
             free = [p for p in range(self.partitions) if p not in self.tokens]
             random.shuffle(free)  # processes starting together should not collide in order
@@ -119,6 +117,20 @@ class PartitionLeases:
                 share=share,
             )
         return changes
+
+    async def give_back_extras(self, *, busy: set[int]) -> list[int]:
+        """Release idle partitions held beyond the last computed share."""
+        released: list[int] = []
+        extra = len(self.tokens) - self.share
+        for partition in sorted(self.tokens, reverse=True):
+            if extra <= 0:
+                break
+            if partition in busy:
+                continue
+            await self.release(partition)
+            released.append(partition)
+            extra -= 1
+        return released
 
     async def still_owns(self, partition: int) -> bool:
         token = self.tokens.get(partition)

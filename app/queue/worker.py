@@ -60,6 +60,7 @@ class QueueWorker:
         self._held: set[tuple[int, bytes]] = set()
         self._in_flight: Counter[int] = Counter()
         self._to_claim: list[int] = []
+        self._next_orphan_check = 0.0
 
     async def run(self) -> None:
         self.dispatcher.start()
@@ -70,7 +71,9 @@ class QueueWorker:
             # as long as processing is slow, and a lease must not expire meanwhile.
             keeper = asyncio.create_task(self._keep_leases(), name="lease-keeper")
             while not self._stopping.is_set():
+                await self._give_back_extras()
                 await self._claim_acquired()
+                await self._reclaim_orphans()
                 await self._read_once(block_ms=500)
         finally:
             await self._drain(keeper)
@@ -113,6 +116,41 @@ class QueueWorker:
                 self.reading.difference_update(changes.lost)
                 self._to_claim.extend(changes.acquired)
             await asyncio.sleep(self.tick_seconds)
+
+    async def _give_back_extras(self) -> None:
+        busy = {p for p, n in self._in_flight.items() if n > 0}
+        try:
+            released = await self.leases.give_back_extras(busy=busy)
+        except REDIS_ERRORS as exc:
+            log.warning("lease_release_failed", error=type(exc).__name__)
+            return
+        if released:
+            self.reading.difference_update(released)
+            log.info("leases_given_back", partitions=released)
+
+    async def _reclaim_orphans(self) -> None:
+        """Safety net: entries of owned partitions left pending by a process that lost its
+        lease mid-read (its lease expired: a stall or a Redis outage) are taken over."""
+        loop = asyncio.get_running_loop()
+        if loop.time() < self._next_orphan_check:
+            return
+        self._next_orphan_check = loop.time() + self.tick_seconds * 4
+        for partition in sorted(self.reading):
+            try:
+                orphans = await self.queue.claim_pending(
+                    consumer=self.consumer,
+                    partition=partition,
+                    min_idle_ms=self.leases.ttl_ms * 3,
+                )
+            except REDIS_ERRORS as exc:
+                log.warning("orphan_claim_failed", partition=partition, error=type(exc).__name__)
+                return
+            for entry in orphans:
+                if (entry.partition, entry.entry_id) not in self._held:
+                    log.warning(
+                        "orphan_entry_claimed", partition=partition, entry=entry.entry_id.decode()
+                    )
+                await self._submit(entry)
 
     async def _claim_acquired(self) -> None:
         """Dispatch what a partition's previous owner left pending, then start reading it."""
