@@ -74,6 +74,8 @@ class PublishedMemory:
         return [v.decode() if isinstance(v, bytes) else v for v in values]
 
     async def remember_many(self, published: list[tuple[str, str]]) -> None:
+        if not published:
+            return
         with contextlib.suppress(RedisError, OSError):
             async with self.redis.pipeline(transaction=False) as pipe:
                 for dedup_id, message_id in published:

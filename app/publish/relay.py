@@ -143,15 +143,24 @@ class OutboxRelay:
                 else:
                     await self._failed(row, result)
                     settled[row.id] = not result.retryable
-        if self.memory is not None and fresh:
-            await self.memory.remember_many([(r.dedup_id, p.message_id) for r, p in fresh])
         await self._mark_published(done, outcome="already_published")
         await self._mark_published(fresh, outcome="published")
         return settled
 
     async def _send(self, batch: list[OutboxRow]) -> list[Published | PublishError]:
         async with self._batch_slots:
-            return await self.publisher.publish_batch([_message(r) for r in batch])
+            results = await self.publisher.publish_batch([_message(r) for r in batch])
+        # Remembered at once: the window in which a crash leads to a second publish is this
+        # one round trip to Redis (SNS FIFO's own 5-minute dedup covers that).
+        if self.memory is not None:
+            await self.memory.remember_many(
+                [
+                    (row.dedup_id, result.message_id)
+                    for row, result in zip(batch, results, strict=True)
+                    if isinstance(result, Published)
+                ]
+            )
+        return results
 
     async def _mark_published(
         self, published: list[tuple[OutboxRow, Published]], *, outcome: str
