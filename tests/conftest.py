@@ -52,8 +52,20 @@ def redis_url() -> str:
 
 
 @pytest.fixture
-def redis_prefix() -> str:
-    return f"egtest-{uuid.uuid4().hex[:10]}"
+def redis_prefix() -> Iterator[str]:
+    """A key prefix of this test's own; its keys are deleted afterwards (the Redis is shared)."""
+    prefix = f"egtest-{uuid.uuid4().hex[:10]}"
+    yield prefix
+    if HAVE_REDIS:
+        from redis import Redis
+
+        client = Redis.from_url(REDIS_URL)
+        try:
+            keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
+            for start in range(0, len(keys), 500):
+                client.delete(*keys[start : start + 500])
+        finally:
+            client.close()
 
 
 @pytest.fixture(scope="session")
