@@ -10,6 +10,8 @@ Every handler renders ``{"error": ClassName, "detail": message}``.
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -52,6 +54,18 @@ class ErrorBody(BaseModel):
 
 def error_body(name: str, detail: str) -> dict[str, str]:
     return {"error": name, "detail": detail}
+
+
+def error_responses(errors: list[tuple[int, str, str]]) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` for (status, error name, example detail) triples."""
+    return {
+        status: {
+            "model": ErrorBody,
+            "description": text,
+            "content": {"application/json": {"example": error_body(name, text)}},
+        }
+        for status, name, text in errors
+    }
 
 
 def install_error_handlers(app: FastAPI) -> None:

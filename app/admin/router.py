@@ -17,15 +17,10 @@ from app.admin.schemas import (
     Page,
     ReplayAccepted,
 )
-from app.errors import ErrorBody, error_body
+from app.errors import error_responses
 
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {
-        "model": ErrorBody,
-        "description": text,
-        "content": {"application/json": {"example": error_body(name, text)}},
-    }
-    for status, name, text in [
+_ERRORS = error_responses(
+    [
         (400, "InvalidCursor", "cursor is not one this API handed out"),
         (401, "Unauthorized", "missing or wrong bearer token (Authorization: Bearer <token>)"),
         (404, "NotFound", "no event with that id"),
@@ -33,7 +28,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         (422, "ValidationError", "query.limit: Input should be less than or equal to 500"),
         (503, "AdminDisabled", "admin API is disabled: set EVENTGATE_ADMIN_TOKEN"),
     ]
-}
+)
 
 router = APIRouter(tags=["admin"], dependencies=[Depends(require_admin)], responses=_ERRORS)
 

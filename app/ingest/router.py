@@ -4,26 +4,20 @@ ingest service."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from app.deps import IngestServiceDep, StateDep
-from app.errors import ErrorBody, error_body
+from app.errors import error_responses
 from app.ingest.exceptions import PayloadTooLarge, RequestTimeout
 from app.ingest.schemas import BatchIngestResponse, IngestResponse
 
 router = APIRouter(tags=["ingest"])
 
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {
-        "model": ErrorBody,
-        "description": text,
-        "content": {"application/json": {"example": error_body(name, text)}},
-    }
-    for status, name, text in [
+_ERRORS = error_responses(
+    [
         (400, "InvalidPayload", "body is not valid JSON"),
         (401, "InvalidSignature", "signature does not match the body"),
         (404, "UnknownSource", "no source named 'x' is configured"),
@@ -32,7 +26,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         (415, "UnsupportedMediaType", "expected application/json"),
         (503, "QueueUnavailable", "the event queue is unreachable or full; retry later"),
     ]
-}
+)
 _ERRORS[503]["headers"] = {
     "Retry-After": {"description": "seconds to wait before retrying", "schema": {"type": "string"}}
 }
