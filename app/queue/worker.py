@@ -109,7 +109,12 @@ class QueueWorker:
         while True:
             busy = {p for p, n in self._in_flight.items() if n > 0}
             try:
-                changes = await self.leases.tick(busy=busy, acquire=not self._stopping.is_set())
+                # Giving partitions back is left to the read loop, between two reads: a
+                # partition released while a blocking read still lists it could hand an
+                # entry to this process after the next owner already claimed what was pending.
+                changes = await self.leases.tick(
+                    busy=busy, acquire=not self._stopping.is_set(), give_back=False
+                )
             except REDIS_ERRORS as exc:
                 log.warning("lease_tick_failed", error=type(exc).__name__)
             else:
