@@ -22,6 +22,7 @@ from app.config import GatewayConfig, load_config
 from app.errors import install_error_handlers
 from app.ingest.collapse import AlertCollapser
 from app.ingest.router import router as ingest_router
+from app.ingest.router import webhook_route
 from app.ingest.service import IngestService
 from app.ingest.sources import AdapterDeps
 from app.llm.client import ClaudeClient
@@ -88,6 +89,8 @@ def create_app(
         lifespan=lifespan,
     )
     install_error_handlers(app)
+    if role in ("serve", "api"):
+        app.router.routes.append(webhook_route)  # matched before the routers below
     app.include_router(health_router)
     if role in ("serve", "api"):
         app.include_router(ingest_router)

@@ -1,5 +1,12 @@
 """HTTP only: read the body within the size limit and the read timeout, hand it to the
-ingest service."""
+ingest service.
+
+``receive_webhook`` is registered twice: as a FastAPI route on ``router`` (which the OpenAPI
+schema and docs UI describe) and as the plain Starlette ``webhook_route`` that ``create_app``
+puts in front of it. Requests reach the Starlette one: it skips FastAPI's per-request
+dependency solving and included-router dispatch, which cost more CPU than verifying and
+queueing the webhook (see docs/benchmarks.md). Same function, same error handlers.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +15,12 @@ import asyncio
 import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
+from starlette.routing import Route
 
-from app.deps import IngestServiceDep, StateDep
 from app.errors import error_responses
 from app.ingest.exceptions import PayloadTooLarge, RequestTimeout
 from app.ingest.schemas import BatchIngestResponse, IngestResponse
+from app.state import AppState
 
 router = APIRouter(tags=["ingest"])
 
@@ -86,9 +94,7 @@ async def read_limited(request: Request, limit: int, *, read_seconds: float | No
     },
     openapi_extra=_BODY,
 )
-async def receive_webhook(
-    source: str, request: Request, service: IngestServiceDep, state: StateDep
-) -> Response:
+async def receive_webhook(source: str, request: Request) -> Response:
     """Verify, filter, deduplicate and durably queue one webhook delivery.
 
     A single-event request answers `{"event_id", "status"}`: 202 `queued` means the event is
@@ -98,6 +104,8 @@ async def receive_webhook(
     A batch request (CloudEvents batch mode, an array with `split: true`) answers
     `{"events": [...]}`, one entry per event in request order; 202 if any was queued.
     """
+    state: AppState = request.app.state.gateway
+    service = state.ingest
     registered = service.source(source)
     state.backlog.check()
     body = await read_limited(
@@ -120,3 +128,12 @@ async def receive_webhook(
     ]
     content = {"events": entries} if outcome.batch else entries[0]
     return Response(orjson.dumps(content), status_code=code, media_type="application/json")
+
+
+async def _serve_webhook(request: Request) -> Response:
+    return await receive_webhook(request.path_params["source"], request)
+
+
+webhook_route = Route(
+    "/v1/webhooks/{source}", _serve_webhook, methods=["POST"], include_in_schema=False
+)

@@ -10,8 +10,10 @@ import httpx
 import orjson
 import pytest
 from redis import Redis
+from starlette.routing import Match
 
 from app.config import load_config
+from app.ingest.router import webhook_route
 from app.main import create_app
 from app.settings import Settings
 from tests.support import ServerThread, github_request, issue_payload
@@ -208,6 +210,25 @@ def test_health_readiness_and_docs(api: tuple[str, Settings]) -> None:
     schema = httpx.get(f"{url}/openapi.json").json()
     assert "/v1/webhooks/{source}" in schema["paths"]
     assert httpx.get(f"{url}/docs").status_code == 200
+
+
+def test_webhooks_are_served_by_the_plain_route_and_documented_by_fastapi(
+    api: tuple[str, Settings],
+) -> None:
+    """The Starlette route in front serves POSTs; the FastAPI route behind it is what the
+    schema describes (the path parameter and the error answers); other methods get 405."""
+    url, _ = api
+    app = create_app(Settings(), load_config(None, env={}), role="api")
+    scope = {"type": "http", "method": "POST", "path": "/v1/webhooks/github"}
+    served = next(r for r in app.router.routes if r.matches(scope)[0] == Match.FULL)
+    assert served is webhook_route
+    operation = httpx.get(f"{url}/openapi.json").json()["paths"]["/v1/webhooks/{source}"]
+    assert [p["name"] for p in operation["post"]["parameters"]] == ["source"]
+    assert {"202", "401", "404", "413", "503"} <= set(operation["post"]["responses"])
+    wrong = httpx.get(f"{url}/v1/webhooks/github")
+    assert wrong.status_code == 405
+    assert wrong.headers["allow"] == "POST"
+    assert wrong.json()["error"] == "MethodNotAllowed"
 
 
 def test_serve_without_api_key_queues_and_is_not_ready(
