@@ -7,6 +7,7 @@ import sys
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
+import orjson
 import structlog
 
 # Header names whose values must never reach a log line.
@@ -53,7 +54,9 @@ def redact_secrets(
 def configure_logging(*, fmt: str = "auto", level: str = "info") -> None:
     json_output = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
     renderer: structlog.typing.Processor = (
-        structlog.processors.JSONRenderer() if json_output else structlog.dev.ConsoleRenderer()
+        structlog.processors.JSONRenderer(serializer=_orjson_dumps)
+        if json_output
+        else structlog.dev.ConsoleRenderer()
     )
     structlog.configure(
         processors=[
@@ -67,12 +70,30 @@ def configure_logging(*, fmt: str = "auto", level: str = "info") -> None:
         wrapper_class=structlog.make_filtering_bound_logger(
             logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
         ),
-        # sys.stderr is looked up per logger, not captured once: a process (or test) that
-        # swaps stderr later keeps logging instead of writing to a closed file.
-        logger_factory=_stderr_logger,
-        cache_logger_on_first_use=False,
+        logger_factory=StderrLogger,
+        # One log line per webhook is on the ingest hot path: resolve the processor chain
+        # once per logger, not on every call (StderrLogger keeps that safe, see there).
+        cache_logger_on_first_use=True,
     )
 
 
-def _stderr_logger(*_: object) -> structlog.PrintLogger:
-    return structlog.PrintLogger(sys.stderr)
+def _orjson_dumps(value: Any, **_: Any) -> str:
+    return orjson.dumps(value, default=repr).decode()
+
+
+class StderrLogger:
+    """Writes each rendered line to whatever ``sys.stderr`` is at that moment.
+
+    A cached logger outlives a swap of ``sys.stderr`` (pytest's capture, a daemonizing
+    process), so the stream is looked up per line instead of being captured once.
+    """
+
+    def __init__(self, *_: object) -> None:
+        pass
+
+    def msg(self, message: str) -> None:
+        stream = sys.stderr
+        stream.write(message + "\n")
+        stream.flush()
+
+    debug = info = warning = warn = error = critical = exception = fatal = log = msg
