@@ -11,7 +11,7 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
@@ -76,13 +76,16 @@ class EventProcessor:
         holds only this event's key lane, and the event stays queued meanwhile.
         """
         log_ = log.bind(event_id=event.id, source=event.source, group_key=event.group_key)
+        stored: Sequence[OutboxRow] = ()
+        attempts = 0
         async with self.sessions() as session:
-            row = await EventRepository(session).start_delivery(fields=_event_fields(event))
-            status, deliveries = row.status, row.deliveries
-            stored = await OutboxRepository(session).for_event(
-                event.id, generation=event.generation
-            )
-            attempts = len(await LlmCallRepository(session).for_event(event.id))
+            delivery = await EventRepository(session).start_delivery(fields=_event_fields(event))
+            status, deliveries = delivery.status, delivery.deliveries
+            if not delivery.first:
+                stored = await OutboxRepository(session).for_event(
+                    event.id, generation=event.generation
+                )
+                attempts = await LlmCallRepository(session).count_for_event(event.id)
             await session.commit()
         if status in TERMINAL or stored:
             DEDUP_HITS.labels(layer="processed").inc()

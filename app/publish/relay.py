@@ -165,21 +165,26 @@ class OutboxRelay:
     async def _mark_published(
         self, published: list[tuple[OutboxRow, Published]], *, outcome: str
     ) -> None:
-        """Mark a round's published rows and finish their events, in one transaction."""
+        """Mark a round's published rows and finish their events: one transaction, three
+        statements whatever the round's size."""
         if not published:
             return
         async with self.sessions() as session:
             outbox = OutboxRepository(session)
-            for row, result in published:
-                await outbox.mark_published(
-                    row.id, message_id=result.message_id, sequence_number=result.sequence_number
-                )
-            for event_id, generation in dict.fromkeys(
-                (r.event_id, r.generation) for r, _ in published
-            ):
-                if await outbox.unpublished_count(event_id, generation=generation) == 0:
-                    await self._finish_event(session, event_id)
+            await outbox.mark_published(
+                [(row.id, result.message_id, result.sequence_number) for row, result in published]
+            )
+            events = list(dict.fromkeys((r.event_id, r.generation) for r, _ in published))
+            finished = await EventRepository(session).finish_published(
+                await outbox.fully_published(events)
+            )
             await session.commit()
+        now = datetime.now(UTC)
+        for received in finished:
+            EVENTS_FINISHED.labels(status=EventStatus.PUBLISHED).inc()
+            if received.tzinfo is None:  # SQLite returns naive datetimes
+                received = received.replace(tzinfo=UTC)
+            END_TO_END.observe((now - received).total_seconds())
         for row, result in published:
             self._backoff.pop(row.group_id, None)
             PUBLISHED.labels(topic=(row.topic_arn or "").rsplit(":", 1)[-1], outcome=outcome).inc()
@@ -190,18 +195,6 @@ class OutboxRelay:
                 group_id=row.group_id,
                 message_id=result.message_id,
             )
-
-    async def _finish_event(self, session: AsyncSession, event_id: str) -> None:
-        events = EventRepository(session)
-        event = await events.get(event_id)
-        if event is None or event.status != EventStatus.PROCESSING:
-            return
-        await events.set_status(event_id, EventStatus.PUBLISHED)
-        EVENTS_FINISHED.labels(status=EventStatus.PUBLISHED).inc()
-        received = event.received_at
-        if received.tzinfo is None:  # SQLite returns naive datetimes
-            received = received.replace(tzinfo=UTC)
-        END_TO_END.observe((datetime.now(UTC) - received).total_seconds())
 
     async def _failed(self, row: OutboxRow, exc: PublishError) -> None:
         topic = (row.topic_arn or "").rsplit(":", 1)[-1]

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, cast
 
-from sqlalchemy import func, select, update
+from sqlalchemy import Table, bindparam, case, func, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.store.models import (
@@ -18,44 +21,84 @@ from app.store.models import (
     utcnow,
 )
 
+EVENTS = cast(Table, EventRow.__table__)
+OUTBOX = cast(Table, OutboxRow.__table__)
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    status: str
+    deliveries: int  # of this generation (a replay starts counting again)
+    replays: int
+
+    @property
+    def first(self) -> bool:
+        """The event's very first delivery: nothing can be stored for it yet."""
+        return self.deliveries == 1 and self.replays == 0
+
 
 class EventRepository:
+    """Hot-path statements are Core (on the tables), not ORM-enabled: the worker runs them
+    for every event, and the ORM's bulk-update bookkeeping cost more CPU than the SQL."""
+
     def __init__(self, session: AsyncSession) -> None:
         self.session = session
 
     async def get(self, event_id: str) -> EventRow | None:
         return await self.session.get(EventRow, event_id)
 
-    async def start_delivery(self, *, fields: dict[str, Any]) -> EventRow:
-        """Insert the event on first delivery; count every delivery.
+    async def start_delivery(self, *, fields: dict[str, Any]) -> Delivery:
+        """Insert the event on first delivery, count every delivery: one upsert.
 
-        The count is an UPDATE issued before the read, so the read runs under the write lock
-        (SQLite) or row lock (PostgreSQL) and sees a replay committed meanwhile: an operator
-        replay holds that lock until its stream entry is added and its reset committed.
+        The upsert takes the row's write lock (SQLite) or row lock (PostgreSQL) and returns
+        the latest committed status, so it sees a replay committed meanwhile (an operator
+        replay holds that lock until its stream entry is added and its reset committed); a
+        replayed event (``queued``) becomes ``processing`` again.
         """
-        counted = await self.session.execute(
-            update(EventRow)
-            .where(EventRow.id == fields["id"])
-            .values(deliveries=EventRow.deliveries + 1, updated_at=utcnow())
+        insert = (postgresql if self._dialect() == "postgresql" else sqlite).insert
+        now = utcnow()
+        statement = (
+            insert(EVENTS)
+            .values(
+                **fields, status=EventStatus.PROCESSING, deliveries=1, replays=0, updated_at=now
+            )
+            .on_conflict_do_update(
+                index_elements=[EVENTS.c.id],
+                set_={
+                    "deliveries": EVENTS.c.deliveries + 1,
+                    "updated_at": now,
+                    "status": case(
+                        (EVENTS.c.status == EventStatus.QUEUED, EventStatus.PROCESSING),
+                        else_=EVENTS.c.status,
+                    ),
+                },
+            )
+            .returning(EVENTS.c.status, EVENTS.c.deliveries, EVENTS.c.replays)
         )
-        if getattr(counted, "rowcount", 0) == 0:
-            row = EventRow(**fields, status=EventStatus.PROCESSING, deliveries=1)
-            self.session.add(row)
-            await self.session.flush()
-            return row
-        found = await self.session.get(EventRow, fields["id"], populate_existing=True)
-        assert found is not None  # just updated, in this transaction
-        if found.status == EventStatus.QUEUED:  # an operator replay put it back on the queue
-            found.status = EventStatus.PROCESSING
-            await self.session.flush()
-        return found
+        status, deliveries, replays = (await self.session.execute(statement)).one()
+        return Delivery(status, deliveries, replays)
 
     async def set_status(self, event_id: str, status: str, *, error: str | None = None) -> None:
         await self.session.execute(
-            update(EventRow)
-            .where(EventRow.id == event_id)
+            update(EVENTS)
+            .where(EVENTS.c.id == event_id)
             .values(status=status, error=error, updated_at=utcnow())
         )
+
+    async def finish_published(self, event_ids: Sequence[str]) -> list[datetime]:
+        """``processing`` → ``published`` for these events; their ``received_at`` times."""
+        if not event_ids:
+            return []
+        result = await self.session.execute(
+            update(EVENTS)
+            .where(EVENTS.c.id.in_(event_ids), EVENTS.c.status == EventStatus.PROCESSING)
+            .values(status=EventStatus.PUBLISHED, error=None, updated_at=utcnow())
+            .returning(EVENTS.c.received_at)
+        )
+        return list(result.scalars())
+
+    def _dialect(self) -> str:
+        return self.session.get_bind().dialect.name
 
 
 class LlmCallRepository:
@@ -64,6 +107,12 @@ class LlmCallRepository:
 
     def add(self, row: LlmCallRow) -> None:
         self.session.add(row)
+
+    async def count_for_event(self, event_id: str) -> int:
+        result = await self.session.scalar(
+            select(func.count()).select_from(LlmCallRow).where(LlmCallRow.event_id == event_id)
+        )
+        return int(result or 0)
 
     async def for_event(self, event_id: str) -> Sequence[LlmCallRow]:
         result = await self.session.scalars(
@@ -101,20 +150,25 @@ class OutboxRepository:
         )
         return result.all()
 
-    async def mark_published(
-        self, row_id: int, *, message_id: str, sequence_number: str | None
-    ) -> None:
+    async def mark_published(self, published: Sequence[tuple[int, str, str | None]]) -> None:
+        """(row id, SNS message id, sequence number) for each row: one executemany."""
+        if not published:
+            return
         await self.session.execute(
-            update(OutboxRow)
-            .where(OutboxRow.id == row_id)
+            update(OUTBOX)
+            .where(OUTBOX.c.id == bindparam("row_id"))
             .values(
                 status=OutboxStatus.PUBLISHED,
-                sns_message_id=message_id,
-                sns_sequence_number=sequence_number,
+                sns_message_id=bindparam("message_id"),
+                sns_sequence_number=bindparam("sequence_number"),
                 published_at=utcnow(),
-                attempts=OutboxRow.attempts + 1,
+                attempts=OUTBOX.c.attempts + 1,
                 last_error=None,
-            )
+            ),
+            [
+                {"row_id": row_id, "message_id": message_id, "sequence_number": number}
+                for row_id, message_id, number in published
+            ],
         )
 
     async def mark_failed(self, row_id: int, *, error: str, dead: bool) -> None:
@@ -123,18 +177,21 @@ class OutboxRepository:
             values["status"] = OutboxStatus.DEAD
         await self.session.execute(update(OutboxRow).where(OutboxRow.id == row_id).values(values))
 
-    async def unpublished_count(self, event_id: str, *, generation: int = 0) -> int:
-        """Rows of one generation not yet published (earlier generations are history)."""
-        result = await self.session.scalar(
-            select(func.count())
-            .select_from(OutboxRow)
+    async def fully_published(self, events: Sequence[tuple[str, int]]) -> list[str]:
+        """Of these (event id, generation) pairs, the events whose rows of that generation
+        are all published (earlier generations are history)."""
+        if not events:
+            return []
+        result = await self.session.execute(
+            select(OUTBOX.c.event_id, OUTBOX.c.generation)
             .where(
-                OutboxRow.event_id == event_id,
-                OutboxRow.generation == generation,
-                OutboxRow.status != OutboxStatus.PUBLISHED,
+                OUTBOX.c.event_id.in_({event_id for event_id, _ in events}),
+                OUTBOX.c.status != OutboxStatus.PUBLISHED,
             )
+            .distinct()
         )
-        return int(result or 0)
+        unfinished = {(event_id, generation) for event_id, generation in result}
+        return [event_id for event_id, gen in events if (event_id, gen) not in unfinished]
 
 
 class DeadLetterRepository:

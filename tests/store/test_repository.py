@@ -1,0 +1,128 @@
+"""The worker's and relay's hot-path statements, on SQLite and on PostgreSQL (when reachable)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from app.store.db import create_engine, session_factory
+from app.store.migrate import upgrade_head
+from app.store.models import EventRow, EventStatus, OutboxRow, OutboxStatus
+from app.store.repository import EventRepository, OutboxRepository
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        sqlite_url = f"sqlite+aiosqlite:///{tmp_path / 'repo.db'}"
+        upgrade_head(sqlite_url)
+        return sqlite_url
+    found: str = request.getfixturevalue("database_url")
+    if not found.startswith("postgresql"):
+        pytest.skip("PostgreSQL is not reachable here (SQLite was tested)")
+    return found
+
+
+@pytest.fixture
+async def db(url: str) -> AsyncIterator[async_sessionmaker[AsyncSession]]:
+    engine = create_engine(url)
+    yield session_factory(engine)
+    await engine.dispose()
+
+
+def _fields(event_id: str) -> dict[str, Any]:
+    return {
+        "id": event_id,
+        "source": "github",
+        "type": "issues.opened",
+        "group_key": "acme/api",
+        "delivery_id": f"d-{event_id}",
+        "pipeline": "triage",
+        "payload": {"action": "opened"},
+        "received_at": datetime(2026, 11, 30, tzinfo=UTC),
+    }
+
+
+async def _start(db: async_sessionmaker[AsyncSession], event_id: str) -> Any:
+    async with db() as session:
+        delivery = await EventRepository(session).start_delivery(fields=_fields(event_id))
+        await session.commit()
+    return delivery
+
+
+async def test_start_delivery_inserts_then_counts_and_resumes_a_replay(
+    db: async_sessionmaker[AsyncSession],
+) -> None:
+    first = await _start(db, "evt_1")
+    assert (first.status, first.deliveries, first.first) == (EventStatus.PROCESSING, 1, True)
+    second = await _start(db, "evt_1")
+    assert (second.status, second.deliveries, second.first) == (EventStatus.PROCESSING, 2, False)
+
+    async with db() as session:  # what an operator replay does to the row
+        row = await session.get(EventRow, "evt_1")
+        assert row is not None
+        assert row.payload == {"action": "opened"}
+        row.status, row.deliveries, row.replays = EventStatus.QUEUED, 0, 1
+        await session.commit()
+    replayed = await _start(db, "evt_1")
+    assert (replayed.status, replayed.deliveries, replayed.replays) == ("processing", 1, 1)
+    assert not replayed.first  # earlier generations' calls exist: they must be looked up
+
+    async with db() as session:  # a finished event stays finished
+        await EventRepository(session).set_status("evt_1", EventStatus.PUBLISHED)
+        await session.commit()
+    again = await _start(db, "evt_1")
+    assert (again.status, again.deliveries) == (EventStatus.PUBLISHED, 2)
+
+
+async def test_relay_marks_rows_and_finishes_only_fully_published_events(
+    db: async_sessionmaker[AsyncSession],
+) -> None:
+    for event_id in ("evt_a", "evt_b"):
+        await _start(db, event_id)
+    async with db() as session:
+        session.add_all(
+            OutboxRow(
+                event_id=event_id,
+                seq=seq,
+                generation=0,
+                llm_call_id="call",
+                tool="publishAlert",
+                topic_arn="arn:aws:sns:us-east-1:123456789012:t.fifo",
+                group_id="acme/api",
+                dedup_id=f"{event_id}-{seq}",
+                body="{}",
+            )
+            for event_id, seq in (("evt_a", 0), ("evt_a", 1), ("evt_b", 0))
+        )
+        await session.commit()
+        ids = {(r.event_id, r.seq): r.id for r in (await session.scalars(select(OutboxRow)))}
+
+    async with db() as session:
+        outbox = OutboxRepository(session)
+        # evt_a's second row is not published yet; evt_b's only row is.
+        published = [(ids["evt_a", 0], "m-a0", "1"), (ids["evt_b", 0], "m-b0", "2")]
+        await outbox.mark_published(published)
+        done = await outbox.fully_published([("evt_a", 0), ("evt_b", 0)])
+        assert done == ["evt_b"]
+        received = await EventRepository(session).finish_published(done)
+        assert [r.replace(tzinfo=UTC) for r in received] == [datetime(2026, 11, 30, tzinfo=UTC)]
+        # Finishing twice does nothing: only `processing` events move on.
+        assert await EventRepository(session).finish_published(done) == []
+        await session.commit()
+
+    async with db() as session:
+        rows = {(r.event_id, r.seq): r for r in await session.scalars(select(OutboxRow))}
+        assert rows["evt_a", 0].status == OutboxStatus.PUBLISHED
+        assert rows["evt_a", 0].sns_message_id == "m-a0"
+        assert rows["evt_a", 0].attempts == 1
+        assert rows["evt_a", 1].status == OutboxStatus.PENDING
+        assert rows["evt_b", 0].sns_sequence_number == "2"
+        statuses = {e.id: e.status for e in await session.scalars(select(EventRow))}
+        assert statuses == {"evt_a": EventStatus.PROCESSING, "evt_b": EventStatus.PUBLISHED}
