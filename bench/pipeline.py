@@ -90,7 +90,7 @@ def _check_order(messages: list[dict[str, Any]], sent: dict[str, list[str]]) -> 
 def run_gateway(args: argparse.Namespace, moto: str, fake: str) -> list[str]:
     client = require_redis()
     prefix = redis_prefix("pipeline")
-    sns = SnsFixture(moto, f"bench{prefix[-8:]}")
+    sns = SnsFixture(moto, f"bench{prefix[-8:]}", count_all=False)
     total = args.keys * args.per_key
     with tempfile.TemporaryDirectory() as tmp, database("pipeline") as database_url:
         env = gateway_env(
@@ -140,7 +140,7 @@ def run_gateway(args: argparse.Namespace, moto: str, fake: str) -> list[str]:
 
 async def _sequential(args: argparse.Namespace, moto: str, fake: str) -> float:
     """The common hand-written loop: BRPOP an event, call Claude, publish, next."""
-    sns_fixture = SnsFixture(moto, f"seq{os.getpid()}")
+    sns_fixture = SnsFixture(moto, f"seq{os.getpid()}", count_all=False)
     key = f"{redis_prefix('sequential')}:list"
     client = aioredis.Redis.from_url(REDIS_URL)
     claude = anthropic.AsyncAnthropic(base_url=fake, api_key="sk-bench", max_retries=0)

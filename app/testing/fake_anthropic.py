@@ -164,7 +164,11 @@ def build_app(behaviour: FakeBehaviour) -> Starlette:
     async def stats(_: Request) -> JSONResponse:
         """For benchmarks running the fake as a process: what it has seen."""
         return JSONResponse(
-            {"requests": len(behaviour.requests), "max_in_flight": behaviour.max_in_flight}
+            {
+                "requests": len(behaviour.requests),
+                "in_flight": behaviour.in_flight,
+                "max_in_flight": behaviour.max_in_flight,
+            }
         )
 
     return Starlette(
