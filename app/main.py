@@ -108,7 +108,7 @@ async def _build_state(
     configure_logging(fmt=settings.log_format, level=settings.log_level)
     if settings.auto_migrate:
         await asyncio.to_thread(upgrade_head, settings.database_url)
-    engine = create_engine(settings.database_url)
+    engine = create_engine(settings.database_url, pool_size=settings.database_pool_size)
     stack.push_async_callback(engine.dispose)
     redis = connect_redis(settings.redis_url)
     stack.push_async_callback(redis.aclose)

@@ -22,6 +22,8 @@ class Settings(BaseSettings):
     # Prefix of every Redis key; lets several gateways (or test runs) share one Redis.
     redis_prefix: str = "eventgate"
     database_url: str = "sqlite+aiosqlite:///./eventgate.db"
+    # Connections kept open per process (PostgreSQL); up to half as many more under load.
+    database_pool_size: int = Field(default=20, ge=1)
     admin_token: str | None = None
     auto_migrate: bool = True
 
