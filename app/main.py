@@ -185,7 +185,7 @@ def _build_worker(state: AppState) -> None:
         ),
         process=processor.process,
         consumer=owner,
-        concurrency=settings.llm_max_concurrency,
+        concurrency=settings.worker_concurrency or 2 * settings.llm_max_concurrency,
         grace_seconds=settings.shutdown_grace_seconds,
     )
 

@@ -32,6 +32,10 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=5 * 1024 * 1024, ge=1)
 
     llm_max_concurrency: int = Field(default=16, ge=1)
+    # Events a worker process handles at once (unset: 2 x llm_max_concurrency). Claude calls
+    # stay within llm_max_concurrency; the others meanwhile store a finished call's outcome
+    # or prepare the next one, so the Claude slots do not wait for the database.
+    worker_concurrency: int | None = Field(default=None, ge=1)
     llm_timeout_seconds: float = Field(default=60.0, gt=0)
     llm_max_attempts: int = Field(default=4, ge=1)
     llm_max_tokens: int = Field(default=1024, ge=1)

@@ -73,7 +73,7 @@ async def _last_stored(database_url: str) -> float:
         latest = await session.scalar(select(func.max(OutboxRow.created_at)))
     await engine.dispose()
     assert latest is not None
-    return latest.timestamp()
+    return float(latest.timestamp())
 
 
 def _check_order(messages: list[dict[str, Any]], sent: dict[str, list[str]]) -> str:
@@ -87,7 +87,7 @@ def _check_order(messages: list[dict[str, Any]], sent: dict[str, list[str]]) -> 
     return f"FAILED for {len(wrong)} keys (e.g. {wrong[:3]})"
 
 
-def run_gateway(args: argparse.Namespace, moto: str, fake: str) -> list[str]:
+def run_gateway(args: argparse.Namespace, latency: float, moto: str, fake: str) -> list[str]:
     client = require_redis()
     prefix = redis_prefix("pipeline")
     sns = SnsFixture(moto, f"bench{prefix[-8:]}", count_all=False)
@@ -112,29 +112,33 @@ def run_gateway(args: argparse.Namespace, moto: str, fake: str) -> list[str]:
         argv = [PYTHON, "-m", "app", "serve", "--port", str(port)]
         try:
             with Server(argv, env=env, port=port, ready_path="/readyz") as server:
+                cpu_before = server.cpu_seconds()
                 started = time.time()
                 sent = asyncio.run(_send_all(server.url, args.keys, args.per_key))
                 ingest_done = time.time()
                 messages = sns.receive(sns.fifo_url, expected=total, timeout=120 + total)
+                cpu = server.cpu_seconds() - cpu_before
             stored = asyncio.run(_last_stored(database_url))
         finally:
             drop_prefix(client, prefix)
     last = max(int(m["Attributes"]["SentTimestamp"]) for m in messages) / 1000
     rate = len(messages) / (last - started)
     stats = httpx.get(f"{fake}/_fake/stats").json()
-    limit = args.concurrency / args.latency
+    limit = args.concurrency / latency
     return [
-        f"{total} events ({args.keys} keys x {args.per_key}), L = {args.latency} s, "
-        f"C = {args.concurrency}: {len(messages)} published in {last - started:.2f} s "
-        f"(webhooks sent in {ingest_done - started:.2f} s)",
-        f"- eventgate: **{rate:.1f} events/s** = {rate / limit:.2f} x C/L "
+        f"**L = {latency} s**, C = {args.concurrency}, {total} events ({args.keys} keys x "
+        f"{args.per_key}): {len(messages)} published in {last - started:.2f} s (webhooks sent "
+        f"in {ingest_done - started:.2f} s)",
+        f"- eventgate: **{rate:.1f} events/s** = **{rate / limit:.2f} x C/L** "
         f"(C/L = {limit:.0f}/s; target ≥ 0.9 x C/L); Claude requests in flight at most "
         f"{stats['max_in_flight']}",
         f"- per-key order: {_check_order(messages, sent)}",
         f"- stages: last Claude result stored (outbox row) at {stored - started:.2f} s "
         f"(decisions: {total / (stored - started):.1f} events/s = "
-        f"{total / (stored - started) / limit:.2f} x C/L), "
-        f"last SNS delivery at {last - started:.2f} s (moto's SNS → SQS fan-out is the tail)",
+        f"{total / (stored - started) / limit:.2f} x C/L), last SNS delivery at "
+        f"{last - started:.2f} s",
+        f"- gateway CPU: {cpu / total * 1000:.1f} ms per event, {cpu / (last - started):.0%} of "
+        "one core over the run",
     ]
 
 
@@ -188,7 +192,9 @@ async def _sequential(args: argparse.Namespace, moto: str, fake: str) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="pipeline throughput vs C/L and a loop")
-    parser.add_argument("--latency", type=float, default=0.5)
+    parser.add_argument(
+        "--latency", type=float, nargs="+", default=[0.5, 2.0], help="one run per latency"
+    )
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--keys", type=int, default=100)
     parser.add_argument("--per-key", type=int, default=6)
@@ -196,27 +202,42 @@ def main() -> None:
     args = parser.parse_args()
     require_redis()
     env = {**os.environ, "AWS_DEFAULT_REGION": "us-east-1"}
-    moto_port, fake_port = free_port(), free_port()
-    moto_argv = [PYTHON, "-m", "moto.server", "-p", str(moto_port)]
-    fake_argv = [PYTHON, "-m", "app.testing.fake_anthropic", "--port", str(fake_port)]
-    fake_argv += ["--latency", str(args.latency)]
-    with (
-        Server(moto_argv, env=env, port=moto_port, ready_path="/moto-api/") as moto,
-        Server(fake_argv, env=env, port=fake_port, ready_path="/_fake/stats") as fake,
-    ):
-        lines = run_gateway(args, moto.url, fake.url)
-        sequential = asyncio.run(_sequential(args, moto.url, fake.url))
-    rate = float(lines[1].split("**")[1].split()[0])
-    lines.append(
-        f"- sequential consume → call → publish loop (same fake Claude and moto, "
-        f"{args.sequential_events} events): **{sequential:.2f} events/s**; eventgate is "
-        f"{rate / sequential:.0f}x faster"
-    )
+    lines: list[str] = []
+    rate = 0.0
+    for latency in args.latency:
+        moto_port, fake_port = free_port(), free_port()
+        moto_argv = [PYTHON, "-m", "moto.server", "-p", str(moto_port)]
+        fake_argv = [PYTHON, "-m", "app.testing.fake_anthropic", "--port", str(fake_port)]
+        fake_argv += ["--latency", str(latency)]
+        with (
+            Server(moto_argv, env=env, port=moto_port, ready_path="/moto-api/") as moto,
+            Server(fake_argv, env=env, port=fake_port, ready_path="/_fake/stats") as fake,
+        ):
+            run = run_gateway(args, latency, moto.url, fake.url)
+            print("\n".join(run), flush=True)
+            lines += [*run, ""]
+            if latency == args.latency[0]:
+                rate = float(run[1].split("**")[1].split()[0])
+                sequential = asyncio.run(_sequential(args, moto.url, fake.url))
+                lines += [
+                    f"Sequential consume → call → publish loop at L = {latency} s (same fake "
+                    f"Claude and moto, {args.sequential_events} events): **{sequential:.2f} "
+                    f"events/s**; eventgate is {rate / sequential:.0f}x faster",
+                    "",
+                ]
     report(
         "Pipeline: webhook → Claude (fake, latency L) → SNS FIFO, eventgate serve",
-        f"python -m bench.pipeline --latency {args.latency} --concurrency {args.concurrency} "
-        f"--keys {args.keys} --per-key {args.per_key}",
-        lines,
+        "python -m bench.pipeline --latency "
+        + " ".join(str(x) for x in args.latency)
+        + f" --concurrency {args.concurrency} --keys {args.keys} --per-key {args.per_key}",
+        [
+            "`eventgate serve` (one process), the fake Claude (fixed latency L, no jitter) and "
+            "moto run as separate processes on the same 2 cores, real Redis and PostgreSQL. "
+            "Events/s count from the first webhook to the last SNS delivery (the SQS "
+            "`SentTimestamp` of the last message).",
+            "",
+            *lines,
+        ],
     )
 
 

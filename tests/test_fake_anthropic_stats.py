@@ -14,7 +14,15 @@ def test_stats_count_requests(fake_claude: FakeAnthropicServer) -> None:
         "messages": [{"role": "user", "content": "hi"}],
     }
     with httpx.Client(base_url=fake_claude.base_url) as client:
-        assert client.get("/_fake/stats").json() == {"requests": 0, "max_in_flight": 0}
+        assert client.get("/_fake/stats").json() == {
+            "requests": 0,
+            "in_flight": 0,
+            "max_in_flight": 0,
+        }
         assert client.post("/v1/messages", json=request).status_code == 200
         assert client.post("/v1/messages", json=request).status_code == 200
-        assert client.get("/_fake/stats").json() == {"requests": 2, "max_in_flight": 1}
+        assert client.get("/_fake/stats").json() == {
+            "requests": 2,
+            "in_flight": 0,
+            "max_in_flight": 1,
+        }

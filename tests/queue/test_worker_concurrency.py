@@ -1,0 +1,29 @@
+"""The worker handles more events at once than Claude calls may be in flight (that bound is
+the caller's: tests/llm/test_budget_and_concurrency.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from app.config import load_config
+from app.main import create_app
+from app.settings import Settings
+from app.testing.fake_anthropic import FakeAnthropicServer
+from tests.support import ServerThread
+
+
+@pytest.mark.parametrize(("worker_concurrency", "expected"), [(None, 6), (4, 4)])
+def test_worker_concurrency_defaults_to_twice_the_claude_slots(
+    make_settings: Callable[..., Settings],
+    fake_claude: FakeAnthropicServer,  # the worker runs only with Claude configured
+    worker_concurrency: int | None,
+    expected: int,
+) -> None:
+    settings = make_settings(llm_max_concurrency=3, worker_concurrency=worker_concurrency)
+    app = create_app(settings, load_config(None, env={}), role="worker")
+    with ServerThread(app):
+        state = app.state.gateway
+        assert state.worker is not None
+        assert len(state.worker.dispatcher._runners) == expected
