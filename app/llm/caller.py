@@ -238,7 +238,7 @@ class GuardedCaller:
         LLM_REQUESTS.labels(model=model, outcome="retry" if exc.retryable else "error").inc()
         LLM_DURATION.observe(exc.latency_ms / 1000)
         async with self.sessions() as session:
-            LlmCallRepository(session).add(self.audit.failure_row(event, this, exc))
+            await LlmCallRepository(session).add(self.audit.failure_row(event, this, exc))
             await session.commit()
 
     async def _after_success(

@@ -134,7 +134,7 @@ class EventProcessor:
             event, result.attempt, result.reply, status="invalid_tool_input", error=error
         )
         async with self.sessions() as session:
-            LlmCallRepository(session).add(row)
+            await LlmCallRepository(session).add(row)
             await session.commit()
 
     async def _store(
@@ -158,7 +158,7 @@ class EventProcessor:
             call_id=call_id,
         )
         async with self.sessions() as session:
-            LlmCallRepository(session).add(audit)
+            await LlmCallRepository(session).add(audit)
             if problems:
                 await self._dead_letter_in(
                     session,
@@ -172,7 +172,7 @@ class EventProcessor:
                 self._outbox_row(event, use, index, call_id, reply.model)
                 for index, use in enumerate(accepted)
             ]
-            OutboxRepository(session).add_all(rows)
+            await OutboxRepository(session).add_all(rows)
             status = EventStatus.PROCESSING if rows else EventStatus.NO_ACTION
             await EventRepository(session).set_status(
                 event.id, status, error="; ".join(notes) or None
