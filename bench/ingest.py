@@ -107,6 +107,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="ingest throughput vs a bare endpoint")
     parser.add_argument("--seconds", type=int, default=10)
     parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument("--repeat", type=int, default=2, help="best of this many runs each")
     args = parser.parse_args()
     require_wrk()
     require_redis()
@@ -118,13 +119,20 @@ def main() -> None:
         )
         subprocess.run([PYTHON, "-m", "app", "migrate"], env=migrate_env, check=True)
         for scenario in SCENARIOS:
-            result, cpu_ms, check = _run(
-                scenario,
-                tmp=Path(tmp),
-                database_url=database_url,
-                seconds=args.seconds,
-                connections=args.connections,
-            )
+            # Best of --repeat runs, bare and gateway alike: other tenants of a shared
+            # machine slow single runs down by up to a third.
+            runs = [
+                _run(
+                    scenario,
+                    tmp=Path(tmp),
+                    database_url=database_url,
+                    seconds=args.seconds,
+                    connections=args.connections,
+                )
+                for _ in range(args.repeat)
+            ]
+            result, cpu_ms, check = max(runs, key=lambda run: run[0].rps)
+            check = "; ".join(sorted({run[2] for run in runs}))  # every run's check counts
             if not scenario.gateway:
                 bare[scenario.processes] = result.rps
             ratio = result.rps / bare[scenario.processes]
@@ -143,9 +151,11 @@ def main() -> None:
             print(rows[-1], flush=True)
     report(
         "Ingest: signed GitHub deliveries/s, eventgate api vs bare FastAPI",
-        f"python -m bench.ingest --seconds {args.seconds} --connections {args.connections}",
+        f"python -m bench.ingest --seconds {args.seconds} --connections {args.connections} "
+        f"--repeat {args.repeat}",
         [
-            f"wrk -t2 -c{args.connections} -d{args.seconds}s (after a 2 s warm-up), signed "
+            f"wrk -t2 -c{args.connections} -d{args.seconds}s (after a 2 s warm-up; best of "
+            f"{args.repeat} runs per row), signed "
             "GitHub `issues` deliveries (≈1 KB), unique `X-GitHub-Delivery` each; real Redis; "
             "uvicorn (uvloop + httptools), 1 or 2 worker processes; wrk runs on the same "
             "machine. Ratio = rps / bare rps with the same process count. CPU = server CPU "
