@@ -189,7 +189,9 @@ class QueueWorker:
             entries = await self.queue.read_new(
                 consumer=self.consumer,
                 partitions=sorted(self.reading),
-                count=room,
+                # COUNT applies per stream: share the room out, so one read holds at most
+                # about the buffer's room (plus one per partition), not partitions x room.
+                count=-(-room // len(self.reading)),
                 block_ms=block_ms,
             )
         except REDIS_ERRORS as exc:

@@ -74,3 +74,55 @@ async def test_leases_are_renewed_while_the_buffer_is_full(redis: Redis, redis_p
     stalled.set()
     await asyncio.wait_for(task, 10)
     assert leases.owned() == []  # given back on the way out
+
+
+async def test_a_read_takes_no_more_entries_than_the_buffer_has_room_for(
+    redis: Redis, redis_prefix: str
+) -> None:
+    """XREADGROUP's COUNT is per stream: the room is shared out over the partitions read, so
+    a stalled worker holds about its buffer's worth of entries, not partitions times that."""
+    partitions = 8
+    queue = EventQueue(redis, prefix=redis_prefix, partitions=partitions)
+    for n in range(200):
+        event = Event(
+            id=f"evt_{n}",
+            source="s",
+            type="t",
+            group_key=f"k{n}",
+            delivery_id=f"d{n}",
+            pipeline="p",
+            received_at=datetime.now(UTC),
+            payload={},
+        )
+        await queue.enqueue(
+            event_id=event.id,
+            source="s",
+            delivery_id=event.delivery_id,
+            group_key=event.group_key,
+            data=event.to_bytes(),
+            dedup_window_ms=60_000,
+        )
+    stalled = asyncio.Event()
+
+    async def stuck(_: Event) -> None:
+        await stalled.wait()
+
+    leases = PartitionLeases(redis, prefix=redis_prefix, partitions=partitions, owner="w1")
+    worker = QueueWorker(
+        queue=queue,
+        leases=leases,
+        process=stuck,
+        consumer="w1",
+        concurrency=2,
+        grace_seconds=0.1,
+        max_buffered=16,
+    )
+    task = asyncio.create_task(worker.run())
+    await asyncio.sleep(1.0)
+    read = 0
+    for partition in range(partitions):
+        read += (await redis.xpending(queue.stream_key(partition), "eventgate"))["pending"]
+    assert 16 <= read <= 16 + partitions  # was up to 8 x 16 with COUNT = room per stream
+    worker.stop()
+    stalled.set()
+    await asyncio.wait_for(task, 10)
