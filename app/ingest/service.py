@@ -9,7 +9,7 @@ same delivery ids, so the events already queued are answered ``duplicate``, neve
 
 from __future__ import annotations
 
-import uuid
+import os
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -118,18 +118,20 @@ class IngestService:
         return IngestOutcome(outcomes, batch=batch)
 
     async def _one(self, source: RegisteredSource, item: Described) -> EventOutcome:
-        log_ = log.bind(source=source.name, event_type=item.type, group_key=item.group_key)
+        fields = {"source": source.name, "event_type": item.type, "group_key": item.group_key}
         verdict = evaluate(source.config.filters, item.type, item.payload)
         if not verdict.keep:
             EVENTS_FILTERED.labels(source=source.name, reason=verdict.reason).inc()
-            log_.info("webhook_filtered", reason=verdict.reason, detail=verdict.detail)
+            log.info("webhook_filtered", reason=verdict.reason, detail=verdict.detail, **fields)
             return EventOutcome(None, "filtered", verdict.detail)
         firing, resolved = self._fingerprints(source.config, item)
         if firing and not resolved:  # a resolution in the same delivery is news
             repeat = await self.collapser.repeat_of(source=source.name, fingerprints=firing)
             if repeat is not None:
                 ALERTS_COLLAPSED.labels(source=source.name).inc()
-                log_.info("webhook_collapsed", event_id=repeat.event_id, repeats=repeat.repeats)
+                log.info(
+                    "webhook_collapsed", event_id=repeat.event_id, repeats=repeat.repeats, **fields
+                )
                 detail = f"repeat {repeat.repeats} of an alert already sent to the LLM"
                 return EventOutcome(repeat.event_id, "collapsed", detail)
         event = self._event(source, item)
@@ -144,14 +146,14 @@ class IngestService:
         status = "queued" if result.created else "duplicate"
         if not result.created:
             DEDUP_HITS.labels(layer="delivery").inc()
-        log_.info("webhook_" + status, event_id=result.event_id)
+        log.info("webhook_" + status, event_id=result.event_id, **fields)
         if result.created and source.config.collapse is not None:
             await self._track(source, firing, resolved, result.event_id)
         return EventOutcome(result.event_id, status)
 
     def _event(self, source: RegisteredSource, item: Described) -> Event:
         return Event(
-            id=f"evt_{uuid.uuid4().hex}",
+            id=f"evt_{os.urandom(16).hex()}",
             source=source.name,
             type=item.type,
             group_key=item.group_key,
