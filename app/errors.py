@@ -68,12 +68,16 @@ def error_responses(errors: list[tuple[int, str, str]]) -> dict[int | str, dict[
     }
 
 
+def app_error_response(exc: AppError) -> JSONResponse:
+    return JSONResponse(
+        error_body(type(exc).__name__, exc.message), exc.status_code, headers=exc.headers
+    )
+
+
 def install_error_handlers(app: FastAPI) -> None:
     async def app_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, AppError)
-        return JSONResponse(
-            error_body(type(exc).__name__, exc.message), exc.status_code, headers=exc.headers
-        )
+        return app_error_response(exc)
 
     async def http_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)

@@ -21,8 +21,8 @@ from app.admin.router import router as admin_router
 from app.config import GatewayConfig, load_config
 from app.errors import install_error_handlers
 from app.ingest.collapse import AlertCollapser
+from app.ingest.router import WebhookFastPath
 from app.ingest.router import router as ingest_router
-from app.ingest.router import webhook_route
 from app.ingest.service import IngestService
 from app.ingest.sources import AdapterDeps
 from app.llm.client import ClaudeClient
@@ -90,7 +90,7 @@ def create_app(
     )
     install_error_handlers(app)
     if role in ("serve", "api"):
-        app.router.routes.append(webhook_route)  # matched before the routers below
+        app.add_middleware(WebhookFastPath)
     app.include_router(health_router)
     if role in ("serve", "api"):
         app.include_router(ingest_router)

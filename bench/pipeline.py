@@ -87,7 +87,10 @@ def _check_order(messages: list[dict[str, Any]], sent: dict[str, list[str]]) -> 
     return f"FAILED for {len(wrong)} keys (e.g. {wrong[:3]})"
 
 
-def run_gateway(args: argparse.Namespace, latency: float, moto: str, fake: str) -> list[str]:
+def run_gateway(
+    args: argparse.Namespace, latency: float, moto: str, fake: str
+) -> tuple[list[str], float]:
+    """The report lines, and the gateway's CPU seconds per event."""
     client = require_redis()
     prefix = redis_prefix("pipeline")
     sns = SnsFixture(moto, f"bench{prefix[-8:]}", count_all=False)
@@ -139,7 +142,7 @@ def run_gateway(args: argparse.Namespace, latency: float, moto: str, fake: str) 
         f"{last - started:.2f} s",
         f"- gateway CPU: {cpu / total * 1000:.1f} ms per event, {cpu / (last - started):.0%} of "
         "one core over the run",
-    ]
+    ], cpu / total
 
 
 async def _sequential(args: argparse.Namespace, moto: str, fake: str) -> float:
@@ -213,7 +216,18 @@ def main() -> None:
             Server(moto_argv, env=env, port=moto_port, ready_path="/moto-api/") as moto,
             Server(fake_argv, env=env, port=fake_port, ready_path="/_fake/stats") as fake,
         ):
-            run = run_gateway(args, latency, moto.url, fake.url)
+            others = moto.cpu_seconds(), fake.cpu_seconds()
+            run, gateway_cpu = run_gateway(args, latency, moto.url, fake.url)
+            total = args.keys * args.per_key
+            moto_cpu = (moto.cpu_seconds() - others[0]) / total
+            fake_cpu = (fake.cpu_seconds() - others[1]) / total
+            cores = (gateway_cpu + moto_cpu + fake_cpu) * args.concurrency / latency
+            run.append(
+                f"- the other processes: moto (SNS → SQS FIFO, and the subscriber's receives) "
+                f"{moto_cpu * 1000:.1f} ms of CPU per event, the fake Claude "
+                f"{fake_cpu * 1000:.1f} ms; at C/L = {args.concurrency / latency:.0f} events/s "
+                f"gateway + moto + fake would need **{cores:.1f} cores** ({os.cpu_count()} here)"
+            )
             print("\n".join(run), flush=True)
             lines += [*run, ""]
             if latency == args.latency[0]:

@@ -1,11 +1,13 @@
 """HTTP only: read the body within the size limit and the read timeout, hand it to the
 ingest service.
 
-``receive_webhook`` is registered twice: as a FastAPI route on ``router`` (which the OpenAPI
-schema and docs UI describe) and as the plain Starlette ``webhook_route`` that ``create_app``
-puts in front of it. Requests reach the Starlette one: it skips FastAPI's per-request
-dependency solving and included-router dispatch, which cost more CPU than verifying and
-queueing the webhook (see docs/benchmarks.md). Same function, same error handlers.
+``receive_webhook`` is reached two ways: as a FastAPI route on ``router`` (which the OpenAPI
+schema and docs UI describe) and through ``WebhookFastPath``, the ASGI middleware that
+``create_app`` installs in front of the routing. POSTs reach the middleware: it skips the
+exception and body-limit middlewares, route matching over every router, and FastAPI's
+per-request dependency solving, which together cost more CPU than verifying and queueing the
+webhook (see docs/benchmarks.md). Same function, same error bodies; every other method and
+path goes on to the router (a GET gets the route's 405).
 """
 
 from __future__ import annotations
@@ -15,9 +17,9 @@ import asyncio
 import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.errors import error_responses
+from app.errors import AppError, app_error_response, error_responses
 from app.ingest.exceptions import PayloadTooLarge, RequestTimeout
 from app.ingest.schemas import BatchIngestResponse, IngestResponse
 from app.state import AppState
@@ -130,10 +132,23 @@ async def receive_webhook(source: str, request: Request) -> Response:
     return Response(orjson.dumps(content), status_code=code, media_type="application/json")
 
 
-async def _serve_webhook(request: Request) -> Response:
-    return await receive_webhook(request.path_params["source"], request)
+class WebhookFastPath:
+    """Serves ``POST /v1/webhooks/{source}`` (one path segment) before FastAPI's routing."""
 
+    PREFIX = "/v1/webhooks/"
 
-webhook_route = Route(
-    "/v1/webhooks/{source}", _serve_webhook, methods=["POST"], include_in_schema=False
-)
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            path: str = scope["path"]
+            source = path[len(self.PREFIX) :] if path.startswith(self.PREFIX) else ""
+            if source and "/" not in source:
+                try:
+                    response = await receive_webhook(source, Request(scope, receive))
+                except AppError as exc:
+                    response = app_error_response(exc)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)

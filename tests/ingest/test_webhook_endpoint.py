@@ -10,10 +10,9 @@ import httpx
 import orjson
 import pytest
 from redis import Redis
-from starlette.routing import Match
 
 from app.config import load_config
-from app.ingest.router import webhook_route
+from app.ingest.router import WebhookFastPath
 from app.main import create_app
 from app.settings import Settings
 from tests.support import ServerThread, github_request, issue_payload
@@ -212,16 +211,15 @@ def test_health_readiness_and_docs(api: tuple[str, Settings]) -> None:
     assert httpx.get(f"{url}/docs").status_code == 200
 
 
-def test_webhooks_are_served_by_the_plain_route_and_documented_by_fastapi(
+def test_webhooks_are_served_by_the_fast_path_and_documented_by_fastapi(
     api: tuple[str, Settings],
 ) -> None:
-    """The Starlette route in front serves POSTs; the FastAPI route behind it is what the
-    schema describes (the path parameter and the error answers); other methods get 405."""
+    """POSTs are served by the ASGI fast path; the FastAPI route is what the schema
+    describes (the path parameter and the error answers); other methods and deeper paths
+    go on to the router."""
     url, _ = api
     app = create_app(Settings(), load_config(None, env={}), role="api")
-    scope = {"type": "http", "method": "POST", "path": "/v1/webhooks/github"}
-    served = next(r for r in app.router.routes if r.matches(scope)[0] == Match.FULL)
-    assert served is webhook_route
+    assert [m.cls for m in app.user_middleware] == [WebhookFastPath]  # type: ignore[comparison-overlap]
     operation = httpx.get(f"{url}/openapi.json").json()["paths"]["/v1/webhooks/{source}"]
     assert [p["name"] for p in operation["post"]["parameters"]] == ["source"]
     assert {"202", "401", "404", "413", "503"} <= set(operation["post"]["responses"])
@@ -229,6 +227,10 @@ def test_webhooks_are_served_by_the_plain_route_and_documented_by_fastapi(
     assert wrong.status_code == 405
     assert wrong.headers["allow"] == "POST"
     assert wrong.json()["error"] == "MethodNotAllowed"
+    deeper = httpx.post(f"{url}/v1/webhooks/github/extra", content=b"{}")
+    assert (deeper.status_code, deeper.json()["error"]) == (404, "NotFound")
+    unknown = httpx.post(f"{url}/v1/webhooks/nope", content=b"{}")
+    assert (unknown.status_code, unknown.json()["error"]) == (404, "UnknownSource")
 
 
 def test_serve_without_api_key_queues_and_is_not_ready(
