@@ -1,14 +1,16 @@
-"""The worker handles more events at once than Claude calls may be in flight (that bound is
-the caller's: tests/llm/test_budget_and_concurrency.py)."""
+"""Process tuning: the worker handles more events at once than Claude calls may be in flight
+(that bound is the caller's: tests/llm/test_budget_and_concurrency.py), and the young
+generation is collected less often."""
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 
 import pytest
 
 from app.config import load_config
-from app.main import create_app
+from app.main import GC_YOUNG_THRESHOLD, create_app
 from app.settings import Settings
 from app.testing.fake_anthropic import FakeAnthropicServer
 from tests.support import ServerThread
@@ -27,3 +29,11 @@ def test_worker_concurrency_defaults_to_twice_the_claude_slots(
         state = app.state.gateway
         assert state.worker is not None
         assert len(state.worker.dispatcher._runners) == expected
+
+
+def test_a_started_gateway_collects_young_objects_less_often(
+    make_settings: Callable[..., Settings],
+) -> None:
+    app = create_app(make_settings(), load_config(None, env={}), role="api")
+    with ServerThread(app):
+        assert gc.get_threshold()[0] == GC_YOUNG_THRESHOLD
