@@ -72,7 +72,9 @@ def configure_logging(*, fmt: str = "auto", level: str = "info") -> None:
         ),
         logger_factory=StderrLogger,
         # One log line per webhook is on the ingest hot path: resolve the processor chain
-        # once per logger, not on every call (StderrLogger keeps that safe, see there).
+        # once per logger, not on every call (StderrLogger keeps that safe, see there). A
+        # logger keeps the configuration of its first use, so this runs before anything is
+        # logged (first thing in the app's lifespan).
         cache_logger_on_first_use=True,
     )
 
