@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio import Redis
 
-# Connections per process. Past this, a command waits (up to POOL_WAIT_SECONDS) for one to
-# be free instead of failing: with the plain pool, a burst of worker and ingest commands
-# beyond its size raised MaxConnectionsError, which ingest answered with 503.
-MAX_CONNECTIONS = 100
-POOL_WAIT_SECONDS = 10
+# Connections per process. redis-py's default pool (100) raised MaxConnectionsError when the
+# worker's runners and a burst of webhooks needed more at once, which ingest answered with
+# 503. redis-py's BlockingConnectionPool (wait instead) was tried and dropped: a gateway
+# stopping with it hung once in CI, and it has known cancellation deadlocks.
+MAX_CONNECTIONS = 1000
 
 
 def connect_redis(url: str) -> Redis:
@@ -16,13 +16,11 @@ def connect_redis(url: str) -> Redis:
         from fakeredis import FakeAsyncRedis, FakeServer
 
         return FakeAsyncRedis(server=FakeServer(), decode_responses=False)
-    pool = BlockingConnectionPool.from_url(
+    return Redis.from_url(
         url,
-        max_connections=MAX_CONNECTIONS,
-        timeout=POOL_WAIT_SECONDS,
         decode_responses=False,
+        max_connections=MAX_CONNECTIONS,
         health_check_interval=30,
         socket_connect_timeout=2,
         socket_timeout=10,
     )
-    return Redis.from_pool(pool)  # closing the client closes its pool
