@@ -26,14 +26,13 @@ async def redis(redis_url: str, redis_prefix: str) -> AsyncIterator[Redis]:
     await client.aclose()
 
 
-async def test_leases_are_renewed_while_the_buffer_is_full(redis: Redis, redis_prefix: str) -> None:
-    queue = EventQueue(redis, prefix=redis_prefix, partitions=2)
-    for n in range(30):
+async def _enqueue(queue: EventQueue, count: int, *, keys: int) -> None:
+    for n in range(count):
         event = Event(
             id=f"evt_{n}",
             source="s",
             type="t",
-            group_key=f"k{n % 5}",
+            group_key=f"k{n % keys}",
             delivery_id=f"d{n}",
             pipeline="p",
             received_at=datetime.now(UTC),
@@ -47,6 +46,11 @@ async def test_leases_are_renewed_while_the_buffer_is_full(redis: Redis, redis_p
             data=event.to_bytes(),
             dedup_window_ms=60_000,
         )
+
+
+async def test_leases_are_renewed_while_the_buffer_is_full(redis: Redis, redis_prefix: str) -> None:
+    queue = EventQueue(redis, prefix=redis_prefix, partitions=2)
+    await _enqueue(queue, 30, keys=5)
     stalled = asyncio.Event()
 
     async def stuck(_: Event) -> None:
@@ -83,25 +87,7 @@ async def test_a_read_takes_no_more_entries_than_the_buffer_has_room_for(
     a stalled worker holds about its buffer's worth of entries, not partitions times that."""
     partitions = 8
     queue = EventQueue(redis, prefix=redis_prefix, partitions=partitions)
-    for n in range(200):
-        event = Event(
-            id=f"evt_{n}",
-            source="s",
-            type="t",
-            group_key=f"k{n}",
-            delivery_id=f"d{n}",
-            pipeline="p",
-            received_at=datetime.now(UTC),
-            payload={},
-        )
-        await queue.enqueue(
-            event_id=event.id,
-            source="s",
-            delivery_id=event.delivery_id,
-            group_key=event.group_key,
-            data=event.to_bytes(),
-            dedup_window_ms=60_000,
-        )
+    await _enqueue(queue, 200, keys=200)
     stalled = asyncio.Event()
 
     async def stuck(_: Event) -> None:
