@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 import anthropic
-from anthropic import AsyncAnthropic, AsyncAnthropicBedrock
+from anthropic import AsyncAnthropic, AsyncAnthropicBedrock, DefaultAioHttpClient
 
 RETRYABLE_STATUS = frozenset({408, 409, 429})
 
@@ -91,8 +91,16 @@ class ClaudeClient:
 
     @classmethod
     def from_env(cls, *, api_key: str | None, timeout: float) -> ClaudeClient:
+        """The SDK over its aiohttp transport, which it offers for high concurrency: with 64
+        calls in flight it takes about a third less CPU per call (docs/benchmarks.md)."""
         # base_url comes from ANTHROPIC_BASE_URL, read by the SDK itself.
-        return cls(AsyncAnthropic(api_key=api_key, max_retries=0, timeout=timeout))
+        client = AsyncAnthropic(
+            api_key=api_key,
+            max_retries=0,
+            timeout=timeout,
+            http_client=DefaultAioHttpClient(timeout=timeout),
+        )
+        return cls(client)
 
     @classmethod
     def bedrock(cls, *, region: str, timeout: float) -> ClaudeClient:
