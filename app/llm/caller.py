@@ -30,7 +30,7 @@ from app.llm.breaker import BreakerState, CircuitBreaker, Permit
 from app.llm.budget import BudgetLedger
 from app.llm.client import ClaudeClient, ClaudeError, ClaudeReply, ClaudeRequest
 from app.llm.health import LlmHealth
-from app.llm.ratelimit import RateLimiter, estimate_input_tokens
+from app.llm.ratelimit import RateLimiter, Reservation, estimate_input_tokens
 from app.observability.metrics import LLM_COST, LLM_DURATION, LLM_REQUESTS, LLM_TOKENS
 from app.store.repository import LlmCallRepository
 
@@ -116,7 +116,9 @@ class GuardedCaller:
                 attempt, pipeline.provider, replace(request, model=model), permit.state, reason
             )
             try:
-                reply = await self._attempt(event.pipeline, client, this, permit, spent=spent)
+                reply, reservation = await self._attempt(
+                    event.pipeline, client, this, permit, spent=spent
+                )
             except ClaudeError as exc:
                 await self._after_failure(event, this, permit, exc)
                 if not exc.retryable:
@@ -150,12 +152,16 @@ class GuardedCaller:
                 attempt += 1
                 reason = f"{exc.error_type} {exc.status or ''}".strip()
                 continue
-            cost = await self._after_success(event.pipeline, pipeline, this, permit, reply)
+            cost = await self._after_success(
+                event.pipeline, pipeline, this, permit, reply, reservation
+            )
             return CallResult(reply=reply, attempt=this, cost_usd=cost)
 
     async def _attempt(
         self, pipeline: str, client: ClaudeClient, this: Attempt, permit: Permit, *, spent: float
-    ) -> ClaudeReply:
+    ) -> tuple[ClaudeReply, Reservation]:
+        """The call within the rate limit and the slots; a success's reservation is settled
+        by ``_after_success``."""
         request = this.request
         estimate = estimate_input_tokens(request.as_api())
         reservation = await self.limiter.acquire(
@@ -170,14 +176,7 @@ class GuardedCaller:
             # A failed call used a request but (as far as we can know) no tokens.
             await self.limiter.settle(reservation, input_tokens=0, output_tokens=0, headers={})
             raise
-        await self.limiter.settle(
-            reservation,
-            # Cache reads do not count towards the input-tokens-per-minute limit.
-            input_tokens=reply.input_tokens + reply.cache_creation_input_tokens,
-            output_tokens=reply.output_tokens,
-            headers=reply.headers,
-        )
-        return reply
+        return reply, reservation
 
     @contextlib.asynccontextmanager
     async def _slots(self, pipeline: str) -> AsyncIterator[None]:
@@ -242,12 +241,31 @@ class GuardedCaller:
             await session.commit()
 
     async def _after_success(
-        self, name: str, pipeline: PipelineConfig, this: Attempt, permit: Permit, reply: ClaudeReply
+        self,
+        name: str,
+        pipeline: PipelineConfig,
+        this: Attempt,
+        permit: Permit,
+        reply: ClaudeReply,
+        reservation: Reservation,
     ) -> float:
-        await self.breaker.record(this.provider, this.request.model, ok=True, permit=permit)
+        """Settle the rate limit, close the breaker's books and charge the budget: three Redis
+        updates that do not depend on each other, sent together. In a busy event loop each
+        await waits for everything queued before it, so this is on every key's critical path."""
         self.health.call_succeeded()
         cost = self.audit.cost_usd(reply)
         usage = usage_of(reply)
+        _, _, spend = await asyncio.gather(
+            self.limiter.settle(
+                reservation,
+                # Cache reads do not count towards the input-tokens-per-minute limit.
+                input_tokens=reply.input_tokens + reply.cache_creation_input_tokens,
+                output_tokens=reply.output_tokens,
+                headers=reply.headers,
+            ),
+            self.breaker.record(this.provider, this.request.model, ok=True, permit=permit),
+            self.budgets.charge(name, tokens=usage.total, cost_usd=cost),
+        )
         LLM_REQUESTS.labels(model=reply.model, outcome="ok").inc()
         LLM_DURATION.observe(reply.latency_ms / 1000)
         for kind, value in (
@@ -258,7 +276,6 @@ class GuardedCaller:
         ):
             LLM_TOKENS.labels(model=reply.model, type=kind).inc(value)
         LLM_COST.labels(pipeline=name).inc(cost)
-        spend = await self.budgets.charge(name, tokens=usage.total, cost_usd=cost)
         if pipeline.budget is not None:
             BudgetLedger.evaluate(name, pipeline.budget, spend)
         return cost
