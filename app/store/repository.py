@@ -41,6 +41,60 @@ def _column_values(row: Base) -> dict[str, Any]:
     }
 
 
+def _start_delivery(insert: Any) -> Any:
+    """The upsert of ``EventRepository.start_delivery`` for one dialect's ``insert``."""
+    columns = [
+        "id",
+        "source",
+        "type",
+        "group_key",
+        "delivery_id",
+        "pipeline",
+        "payload",
+        "received_at",
+    ]
+    return (
+        insert(EVENTS)
+        .values(
+            {name: bindparam(name) for name in columns}
+            | {
+                "status": EventStatus.PROCESSING,
+                "deliveries": 1,
+                "replays": 0,
+                "updated_at": bindparam("now"),
+            }
+        )
+        .on_conflict_do_update(
+            index_elements=[EVENTS.c.id],
+            set_={
+                "deliveries": EVENTS.c.deliveries + 1,
+                "updated_at": bindparam("now"),
+                "status": case(
+                    (EVENTS.c.status == EventStatus.QUEUED, EventStatus.PROCESSING),
+                    else_=EVENTS.c.status,
+                ),
+            },
+        )
+        .returning(EVENTS.c.status, EVENTS.c.deliveries, EVENTS.c.replays)
+    )
+
+
+# The statements run for every event, built once with bound parameters: building one per
+# call made SQLAlchemy derive a new cache key each time, which cost about as much CPU as
+# running it (docs/benchmarks.md, the profile notes).
+START_DELIVERY = {
+    "postgresql": _start_delivery(postgresql.insert),
+    "sqlite": _start_delivery(sqlite.insert),
+}
+SET_STATUS = (
+    update(EVENTS)
+    .where(EVENTS.c.id == bindparam("event_id"))
+    .values(status=bindparam("status"), error=bindparam("error"), updated_at=bindparam("now"))
+)
+INSERT_LLM_CALL = insert(LLM_CALLS)
+INSERT_OUTBOX = insert(OUTBOX)
+
+
 @dataclass(frozen=True, slots=True)
 class Delivery:
     status: str
@@ -71,34 +125,14 @@ class EventRepository:
         replay holds that lock until its stream entry is added and its reset committed); a
         replayed event (``queued``) becomes ``processing`` again.
         """
-        insert = (postgresql if self._dialect() == "postgresql" else sqlite).insert
-        now = utcnow()
-        statement = (
-            insert(EVENTS)
-            .values(
-                **fields, status=EventStatus.PROCESSING, deliveries=1, replays=0, updated_at=now
-            )
-            .on_conflict_do_update(
-                index_elements=[EVENTS.c.id],
-                set_={
-                    "deliveries": EVENTS.c.deliveries + 1,
-                    "updated_at": now,
-                    "status": case(
-                        (EVENTS.c.status == EventStatus.QUEUED, EventStatus.PROCESSING),
-                        else_=EVENTS.c.status,
-                    ),
-                },
-            )
-            .returning(EVENTS.c.status, EVENTS.c.deliveries, EVENTS.c.replays)
-        )
-        status, deliveries, replays = (await self.session.execute(statement)).one()
+        statement = START_DELIVERY["postgresql" if self._dialect() == "postgresql" else "sqlite"]
+        result = await self.session.execute(statement, {**fields, "now": utcnow()})
+        status, deliveries, replays = result.one()
         return Delivery(status, deliveries, replays)
 
     async def set_status(self, event_id: str, status: str, *, error: str | None = None) -> None:
         await self.session.execute(
-            update(EVENTS)
-            .where(EVENTS.c.id == event_id)
-            .values(status=status, error=error, updated_at=utcnow())
+            SET_STATUS, {"event_id": event_id, "status": status, "error": error, "now": utcnow()}
         )
 
     async def finish_published(self, event_ids: Sequence[str]) -> list[datetime]:
@@ -122,7 +156,7 @@ class LlmCallRepository:
         self.session = session
 
     async def add(self, row: LlmCallRow) -> None:
-        await self.session.execute(insert(LLM_CALLS), [_column_values(row)])
+        await self.session.execute(INSERT_LLM_CALL, [_column_values(row)])
 
     async def count_for_event(self, event_id: str) -> int:
         result = await self.session.scalar(
@@ -146,7 +180,7 @@ class OutboxRepository:
     async def add_all(self, rows: Sequence[OutboxRow]) -> None:
         """In list order: ids (the relay's publish order) follow it."""
         if rows:
-            await self.session.execute(insert(OUTBOX), [_column_values(r) for r in rows])
+            await self.session.execute(INSERT_OUTBOX, [_column_values(r) for r in rows])
 
     async def for_event(
         self, event_id: str, *, generation: int | None = None
