@@ -16,32 +16,50 @@ import orjson
 
 TextMode = Literal["full", "redacted", "none"]
 
-_PATTERNS: list[tuple[str, re.Pattern[str]]] = [
+# (kind, a literal every match contains (in lower case for a case-blind pattern), pattern).
+# The literal is checked first: a substring test costs a fraction of a regex pass, and most
+# prompts contain few of them.
+_PATTERNS: list[tuple[str, str | None, re.Pattern[str]]] = [
     (
         "private_key",
+        "PRIVATE KEY-----",
         re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?-----END [A-Z ]*PRIVATE KEY-----", re.S),
     ),
-    ("jwt", re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}")),
-    ("bearer", re.compile(r"(?i)\bbearer\s+[A-Za-z0-9._~+/=-]{8,}")),
+    (
+        "jwt",
+        "eyJ",
+        re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"),
+    ),
+    ("bearer", "bearer", re.compile(r"(?i)\bbearer\s+[A-Za-z0-9._~+/=-]{8,}")),
     (
         "api_key",
+        None,
         re.compile(r"\b(?:sk-ant-|sk-|xox[abprs]-|gh[pousr]_|github_pat_)[A-Za-z0-9_-]{10,}"),
     ),
-    ("aws_key", re.compile(r"\b(?:AKIA|ASIA)[A-Z0-9]{16}\b")),
-    ("whsec", re.compile(r"\bwhsec_[A-Za-z0-9+/=]{10,}")),
+    ("aws_key", "IA", re.compile(r"\b(?:AKIA|ASIA)[A-Z0-9]{16}\b")),
+    ("whsec", "whsec_", re.compile(r"\bwhsec_[A-Za-z0-9+/=]{10,}")),
     (
+        # Group 1 (kept) is the name and separator; an opening quote before the name stays
+        # in place either way, so the match starts at the name.
         "secret",
+        None,
         re.compile(
-            r"(?i)(\"?(?:password|passwd|secret|token|api[_-]?key|access[_-]?key|auth)\"?"
+            r"(?i)((?:password|passwd|secret|token|api[_-]?key|access[_-]?key|auth)\"?"
             r"\s*[:=]\s*\"?)([^\s\"',}]{4,})"
         ),
     ),
-    ("email", re.compile(r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}\b")),
+    ("email", "@", re.compile(r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}\b")),
 ]
 
 
 def redact(text: str) -> str:
-    for kind, pattern in _PATTERNS:
+    # Taken once: a replacement ("[REDACTED:...]") cannot create a literal checked later.
+    lowered = text.lower()
+    for kind, literal, pattern in _PATTERNS:
+        if literal is not None:
+            haystack = lowered if pattern.flags & re.IGNORECASE else text
+            if literal not in haystack:
+                continue
         if kind == "secret":
             text = pattern.sub(r"\1[REDACTED:secret]", text)
         else:

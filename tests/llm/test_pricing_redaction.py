@@ -6,7 +6,7 @@ import pytest
 
 from app.config import parse_config
 from app.llm.pricing import PriceTable, Usage
-from app.llm.redaction import audit_text, prompt_hash, redact
+from app.llm.redaction import _PATTERNS, audit_text, prompt_hash, redact
 from tests.llm.harness import config_text
 
 
@@ -51,6 +51,28 @@ def test_redaction_removes_secrets_and_addresses(text: str, leaked: str, kind: s
     redacted = redact(text)
     assert leaked not in redacted
     assert f"[REDACTED:{kind}]" in redacted
+
+
+def _every_pattern(text: str) -> str:
+    """The reference: every pattern's pass, without the literal pre-checks."""
+    for kind, _, pattern in _PATTERNS:
+        replacement = r"\1[REDACTED:secret]" if kind == "secret" else f"[REDACTED:{kind}]"
+        text = pattern.sub(replacement, text)
+    return text
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "AUTHORIZATION: BEARER abcdefghijklmnop and BeArEr qrstuvwxyz012345",
+        '{"Password" : "hunter2hunter2", "API-Key": "k3y-value", "Token":"zzzz"}',
+        "-----BEGIN RSA PRIVATE KEY-----\nMIIabc\n-----END RSA PRIVATE KEY----- mail a@b.io",
+        "ASIAABCDEFGHIJKLMNOP whsec_abcdefghijklmnop eyJa1234567.eyJb1234567.sig12345678",
+        '"author_association": "OWNER", "login": "octocat", plain text with no secret',
+    ],
+)
+def test_literal_pre_checks_skip_no_match(text: str) -> None:
+    assert redact(text) == _every_pattern(text)
 
 
 def test_audit_text_modes_and_hash() -> None:
