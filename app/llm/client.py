@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 import anthropic
+import orjson
 from anthropic import AsyncAnthropic, AsyncAnthropicBedrock, DefaultAioHttpClient
 
 RETRYABLE_STATUS = frozenset({408, 409, 429})
@@ -124,7 +125,9 @@ class ClaudeClient:
                 max_tokens=request.max_tokens,
                 timeout=call_timeout if call_timeout is not None else anthropic.NOT_GIVEN,
             )
-            message = await raw.parse()
+            # The JSON as sent, not the SDK's models: the reply is kept as plain dicts anyway,
+            # and building and dumping the models cost more CPU than the rest of the call.
+            message = orjson.loads(await raw.read())
         except anthropic.APIStatusError as exc:
             status = exc.status_code
             raise ClaudeError(
@@ -150,23 +153,28 @@ class ClaudeClient:
                 retryable=True,
                 latency_ms=_ms(started),
             ) from exc
-        usage = message.usage
+        usage = message.get("usage") or {}
         return ClaudeReply(
-            model=message.model,
+            model=message.get("model", request.model),
             request_id=_request_id(raw.headers),
-            stop_reason=message.stop_reason,
-            content=[block.model_dump(mode="json", exclude_none=True) for block in message.content],
+            stop_reason=message.get("stop_reason"),
+            content=[_without_nulls(block) for block in message.get("content", [])],
             latency_ms=_ms(started),
-            input_tokens=usage.input_tokens,
-            output_tokens=usage.output_tokens,
-            cache_creation_input_tokens=usage.cache_creation_input_tokens or 0,
-            cache_read_input_tokens=usage.cache_read_input_tokens or 0,
+            input_tokens=usage.get("input_tokens") or 0,
+            output_tokens=usage.get("output_tokens") or 0,
+            cache_creation_input_tokens=usage.get("cache_creation_input_tokens") or 0,
+            cache_read_input_tokens=usage.get("cache_read_input_tokens") or 0,
             headers={
                 k: v
                 for k, v in raw.headers.items()
                 if k.startswith("anthropic-ratelimit-") or k == "retry-after"
             },
         )
+
+
+def _without_nulls(block: dict[str, Any]) -> dict[str, Any]:
+    """A content block without its null fields (as the SDK's ``exclude_none`` dump had it)."""
+    return {key: value for key, value in block.items() if value is not None}
 
 
 def _request_id(headers: Any) -> str | None:

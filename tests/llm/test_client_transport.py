@@ -98,3 +98,21 @@ async def test_a_refused_connection_is_a_retryable_connection_error(
         await client.close()
     assert (caught.value.error_type, caught.value.retryable) == ("APIConnectionError", True)
     assert caught.value.status is None
+
+
+async def test_blocks_are_kept_as_sent_less_their_null_fields(
+    fake_claude: FakeAnthropicServer,
+) -> None:
+    fake_claude.behaviour.responder = lambda _: [
+        {"type": "text", "text": "looking", "citations": None},
+        {"type": "tool_use", "id": "toolu_1", "name": "publishAlert", "input": {"note": None}},
+    ]
+    client = _client()
+    try:
+        reply = await client.create(REQUEST)
+    finally:
+        await client.close()
+    assert reply.content == [
+        {"type": "text", "text": "looking"},
+        {"type": "tool_use", "id": "toolu_1", "name": "publishAlert", "input": {"note": None}},
+    ]
