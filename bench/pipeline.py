@@ -221,12 +221,15 @@ def main() -> None:
             total = args.keys * args.per_key
             moto_cpu = (moto.cpu_seconds() - others[0]) / total
             fake_cpu = (fake.cpu_seconds() - others[1]) / total
-            cores = (gateway_cpu + moto_cpu + fake_cpu) * args.concurrency / latency
+            limit = args.concurrency / latency
+            cores = (gateway_cpu + moto_cpu + fake_cpu) * limit
             run.append(
                 f"- the other processes: moto (SNS → SQS FIFO, and the subscriber's receives) "
                 f"{moto_cpu * 1000:.1f} ms of CPU per event, the fake Claude "
-                f"{fake_cpu * 1000:.1f} ms; at C/L = {args.concurrency / latency:.0f} events/s "
-                f"gateway + moto + fake would need **{cores:.1f} cores** ({os.cpu_count()} here)"
+                f"{fake_cpu * 1000:.1f} ms; at C/L = {limit:.0f} events/s gateway + moto + "
+                f"fake would need **{cores:.1f} cores** ({os.cpu_count()} here), and the one "
+                f"gateway process alone could do at most {1 / gateway_cpu:.0f} events/s "
+                f"(= {1 / gateway_cpu / limit:.2f} x C/L) on a core of its own"
             )
             print("\n".join(run), flush=True)
             lines += [*run, ""]
