@@ -17,17 +17,7 @@ from typing import Any
 import uvloop
 from anthropic import AsyncAnthropic, DefaultAioHttpClient
 
-from bench.common import PYTHON, Server, free_port, report, table
-
-TOOL = {
-    "name": "publishAlert",
-    "description": "Raise an alert.",
-    "input_schema": {
-        "type": "object",
-        "properties": {"severity": {"type": "string", "enum": ["high", "low"]}},
-        "required": ["severity"],
-    },
-}
+from bench.common import ALERT_TOOL, PYTHON, Server, free_port, report, table
 
 
 async def _run(transport: str, url: str, calls: int, concurrency: int) -> tuple[float, float]:
@@ -44,7 +34,7 @@ async def _run(transport: str, url: str, calls: int, concurrency: int) -> tuple[
                 model="claude-sonnet-4-6",
                 max_tokens=512,
                 system=[{"type": "text", "text": "You triage GitHub events."}],
-                tools=[TOOL],  # type: ignore[list-item]
+                tools=[ALERT_TOOL],  # type: ignore[list-item]
                 messages=[{"role": "user", "content": f"event {number} " + "x" * 1500}],
             )
             message = await raw.parse()

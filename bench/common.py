@@ -26,6 +26,16 @@ REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
 PG_ADMIN_URL = os.environ.get("BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 GITHUB_SECRET = "bench-github-secret"
 PYTHON = sys.executable
+# The tool the direct SDK calls offer (the sequential loop, the client benchmark).
+ALERT_TOOL = {
+    "name": "publishAlert",
+    "description": "Raise an alert.",
+    "input_schema": {
+        "type": "object",
+        "properties": {"severity": {"type": "string", "enum": ["high", "low"]}},
+        "required": ["severity"],
+    },
+}
 
 # The benchmarks talk to moto only; boto3 still wants credentials and a region.
 for _name, _value in {

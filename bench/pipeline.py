@@ -30,6 +30,7 @@ from sqlalchemy import func, select
 from app.store.db import create_engine, session_factory
 from app.store.models import OutboxRow
 from bench.common import (
+    ALERT_TOOL,
     GITHUB_SECRET,
     PYTHON,
     REDIS_URL,
@@ -151,15 +152,6 @@ async def _sequential(args: argparse.Namespace, moto: str, fake: str) -> float:
     key = f"{redis_prefix('sequential')}:list"
     client = aioredis.Redis.from_url(REDIS_URL)
     claude = anthropic.AsyncAnthropic(base_url=fake, api_key="sk-bench", max_retries=0)
-    tool = {
-        "name": "publishAlert",
-        "description": "Raise an alert.",
-        "input_schema": {
-            "type": "object",
-            "properties": {"severity": {"type": "string", "enum": ["high", "low"]}},
-            "required": ["severity"],
-        },
-    }
     events = [issue_payload(f"bench/repo-{n % 10}", n) for n in range(args.sequential_events)]
     await client.lpush(key, *[orjson.dumps(event) for event in events])
     try:
@@ -175,7 +167,7 @@ async def _sequential(args: argparse.Namespace, moto: str, fake: str) -> float:
                     model="claude-sonnet-4-6",
                     max_tokens=1024,
                     system="You triage GitHub events.",
-                    tools=[tool],  # type: ignore[list-item]
+                    tools=[ALERT_TOOL],  # type: ignore[list-item]
                     messages=[{"role": "user", "content": orjson.dumps(event).decode()}],
                 )
                 for block in reply.content:
