@@ -16,6 +16,7 @@ from typing import Literal
 import aioboto3
 import structlog
 from fastapi import FastAPI
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.admin.router import router as admin_router
 from app.config import GatewayConfig, load_config
@@ -47,6 +48,7 @@ from app.store.retention import RetentionJob
 Role = Literal["serve", "api", "worker"]
 log = structlog.get_logger(__name__)
 GC_YOUNG_THRESHOLD = 20_000
+DISPOSE_TIMEOUT_SECONDS = 5.0
 
 
 def create_app(
@@ -114,7 +116,7 @@ async def _build_state(
     if settings.auto_migrate:
         await asyncio.to_thread(upgrade_head, settings.database_url)
     engine = create_engine(settings.database_url, pool_size=settings.database_pool_size)
-    stack.push_async_callback(engine.dispose)
+    stack.push_async_callback(_dispose, engine)
     redis = connect_redis(settings.redis_url)
     stack.push_async_callback(redis.aclose)
     queue = EventQueue(redis, prefix=settings.redis_prefix, partitions=settings.partitions)
@@ -208,6 +210,16 @@ def _start_loops(state: AppState) -> None:
             interval_seconds=state.settings.retention_interval_seconds,
         )
         state.tasks.append(asyncio.create_task(retention.run(), name="retention"))
+
+
+async def _dispose(engine: AsyncEngine) -> None:
+    """Close the pool, but not for ever: closing a connection waits for the server's goodbye,
+    which a database behind a silent network (packets dropped) never sends. The process is
+    exiting; the operating system closes what is left."""
+    try:
+        await asyncio.wait_for(engine.dispose(), DISPOSE_TIMEOUT_SECONDS)
+    except TimeoutError:
+        log.warning("database_close_timed_out", seconds=DISPOSE_TIMEOUT_SECONDS)
 
 
 async def _stop_loops(state: AppState) -> None:

@@ -106,7 +106,11 @@ class QueueWorker:
                 delay = min(delay * 2, 10)
 
     async def _keep_leases(self) -> None:
-        while True:
+        """Renews until cancelled. Like the relay's loop it also checks ``cancelling()``: a
+        cancel swallowed below (seen once at shutdown: the stop then waited out the whole
+        grace period) must still end it."""
+        task = asyncio.current_task()
+        while task is None or not task.cancelling():
             busy = {p for p, n in self._in_flight.items() if n > 0}
             try:
                 # Giving partitions back is left to the read loop, between two reads: a
@@ -121,6 +125,7 @@ class QueueWorker:
                 self.reading.difference_update(changes.lost)
                 self._to_claim.extend(changes.acquired)
             await asyncio.sleep(self.tick_seconds)
+        raise asyncio.CancelledError
 
     async def _give_back_extras(self) -> None:
         busy = {p for p, n in self._in_flight.items() if n > 0}

@@ -57,7 +57,13 @@ class FaultProxy:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        # Close every connection first: a peer left on a silent socket would wait forever.
+        self.stop()
+
+    def stop(self) -> None:
+        """Stop the proxy's loop. Connections it had open may be left open and unanswered,
+        like those to a host that vanished (a peer waiting on one waits for ever)."""
+        if not self._thread.is_alive():
+            return
         self._loop.call_soon_threadsafe(self._close_all)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
@@ -112,3 +114,32 @@ async def test_a_read_takes_no_more_entries_than_the_buffer_has_room_for(
     worker.stop()
     stalled.set()
     await asyncio.wait_for(task, 10)
+
+
+class _SwallowingLeases(PartitionLeases):
+    """Its tick swallows a cancel, as Python 3.11's ``wait_for`` can when the awaited call
+    finishes at the same moment."""
+
+    async def tick(self, **kwargs: Any) -> Any:
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(0.05)
+        return await super().tick(**kwargs)
+
+
+async def test_the_lease_keeper_ends_on_a_cancel_swallowed_below(
+    redis: Redis, redis_prefix: str
+) -> None:
+    leases = _SwallowingLeases(redis, prefix=redis_prefix, partitions=1, owner="w1", ttl_ms=400)
+    worker = QueueWorker(
+        queue=EventQueue(redis, prefix=redis_prefix, partitions=1),
+        leases=leases,
+        process=lambda _: asyncio.sleep(0),
+        consumer="w1",
+        concurrency=1,
+        grace_seconds=0.1,
+    )
+    keeper = asyncio.create_task(worker._keep_leases())
+    await asyncio.sleep(0.02)  # inside the first tick
+    keeper.cancel()
+    await asyncio.wait({keeper}, timeout=2)
+    assert keeper.cancelled()  # without the cancelling() check it renews on, for ever
