@@ -196,6 +196,7 @@ def test_sigterm_after_postgres_vanished_stops_in_bounded_time(
     assert gateway.stop(timeout=40) in (0, -signal.SIGTERM)
     assert time.monotonic() - started < 20
     assert "database_close_timed_out" in [e["event"] for e in gateway.log_events()]
+    proxy.drop_leftovers()
 
 
 def test_sns_outage_and_throttling_outbox_holds_order_kept(
