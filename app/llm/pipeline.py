@@ -35,6 +35,7 @@ from app.observability.metrics import (
 from app.publish.ids import deduplication_id, resolve_group_id
 from app.store.models import EventStatus, OutboxRow
 from app.store.repository import (
+    EVENT_FIELDS,
     DeadLetterRepository,
     EventRepository,
     LlmCallRepository,
@@ -234,13 +235,4 @@ class EventProcessor:
 
 
 def _event_fields(event: Event) -> dict[str, Any]:
-    return {
-        "id": event.id,
-        "source": event.source,
-        "type": event.type,
-        "group_key": event.group_key,
-        "delivery_id": event.delivery_id,
-        "pipeline": event.pipeline,
-        "payload": event.payload,
-        "received_at": event.received_at,
-    }
+    return {name: getattr(event, name) for name in EVENT_FIELDS}

@@ -41,22 +41,25 @@ def _column_values(row: Base) -> dict[str, Any]:
     }
 
 
+# The event's own columns, which ``EventRepository.start_delivery`` takes as ``fields``.
+EVENT_FIELDS = (
+    "id",
+    "source",
+    "type",
+    "group_key",
+    "delivery_id",
+    "pipeline",
+    "payload",
+    "received_at",
+)
+
+
 def _start_delivery(insert: Any) -> Any:
     """The upsert of ``EventRepository.start_delivery`` for one dialect's ``insert``."""
-    columns = [
-        "id",
-        "source",
-        "type",
-        "group_key",
-        "delivery_id",
-        "pipeline",
-        "payload",
-        "received_at",
-    ]
     return (
         insert(EVENTS)
         .values(
-            {name: bindparam(name) for name in columns}
+            {name: bindparam(name) for name in EVENT_FIELDS}
             | {
                 "status": EventStatus.PROCESSING,
                 "deliveries": 1,
