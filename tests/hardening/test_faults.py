@@ -86,6 +86,13 @@ async def _statuses(database_url: str) -> dict[str, int]:
     return dict(Counter(row.status for row in rows))
 
 
+def _postgres_proxy(database_url: str) -> tuple[FaultProxy, str]:
+    """A proxy in front of the test's PostgreSQL, and the database URL that goes through it."""
+    address = urlsplit(database_url.replace("+asyncpg", ""))
+    proxy = FaultProxy(address.hostname or "127.0.0.1", address.port or 5432)
+    return proxy, database_url.replace(address.netloc.split("@")[-1], proxy.address)
+
+
 def stream_lengths(redis: PrivateRedis, prefix: str) -> int:
     client = redis.client()
     try:
@@ -152,9 +159,8 @@ def test_postgres_unreachable_workers_pause_without_acking_ingest_unaffected(
     database_url: str,
     redis_prefix: str,
 ) -> None:
-    address = urlsplit(database_url.replace("+asyncpg", ""))
-    with FaultProxy(address.hostname or "127.0.0.1", address.port or 5432) as proxy:
-        proxied = database_url.replace(address.netloc.split("@")[-1], proxy.address)
+    proxy, proxied = _postgres_proxy(database_url)
+    with proxy:
         gateway = start_gateway(
             "gw", redis_url=private_redis.url, database_url=proxied
         ).wait_ready()
@@ -180,10 +186,8 @@ def test_sigterm_after_postgres_vanished_stops_in_bounded_time(
     """PostgreSQL's host vanishes with the pool's connections open: closing them never
     completes, and this stop used to hang for good in ``engine.dispose()``. Now the pool
     gets DISPOSE_TIMEOUT_SECONDS and the process exits."""
-    address = urlsplit(database_url.replace("+asyncpg", ""))
-    proxy = FaultProxy(address.hostname or "127.0.0.1", address.port or 5432)
+    proxy, proxied = _postgres_proxy(database_url)
     with proxy:
-        proxied = database_url.replace(address.netloc.split("@")[-1], proxy.address)
         gateway = start_gateway(
             "gw", redis_url=private_redis.url, database_url=proxied
         ).wait_ready()
