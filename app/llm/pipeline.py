@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 import structlog
 from jsonschema import Draft202012Validator
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from app.config import GatewayConfig
 from app.ingest.schemas import Event
@@ -40,6 +40,7 @@ from app.store.repository import (
     EventRepository,
     LlmCallRepository,
     OutboxRepository,
+    start_delivery,
 )
 
 log = structlog.get_logger(__name__)
@@ -62,6 +63,10 @@ class EventProcessor:
     ) -> None:
         self.config = config
         self.sessions = sessions
+        # start_delivery is one statement: on an autocommit connection it is one round trip
+        # (no BEGIN, no COMMIT) and skips the ORM session, on every event's critical path.
+        engine: AsyncEngine = sessions.kw["bind"]
+        self.autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
         self.caller = caller
         self.audit = audit
         self.max_deliveries = max_deliveries
@@ -79,15 +84,15 @@ class EventProcessor:
         log_ = log.bind(event_id=event.id, source=event.source, group_key=event.group_key)
         stored: Sequence[OutboxRow] = ()
         attempts = 0
-        async with self.sessions() as session:
-            delivery = await EventRepository(session).start_delivery(fields=_event_fields(event))
-            status, deliveries = delivery.status, delivery.deliveries
-            if not delivery.first:
+        async with self.autocommit.connect() as connection:
+            delivery = await start_delivery(connection, fields=_event_fields(event))
+        status, deliveries = delivery.status, delivery.deliveries
+        if not delivery.first:
+            async with self.sessions() as session:
                 stored = await OutboxRepository(session).for_event(
                     event.id, generation=event.generation
                 )
                 attempts = await LlmCallRepository(session).count_for_event(event.id)
-            await session.commit()
         if status in TERMINAL or stored:
             DEDUP_HITS.labels(layer="processed").inc()
             log_.info("event_already_processed", status=status, stored_calls=len(stored))

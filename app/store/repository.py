@@ -10,7 +10,7 @@ from typing import Any, cast
 from sqlalchemy import Table, bindparam, case, func, insert, select, update
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from app.store.models import (
     Base,
@@ -110,6 +110,24 @@ class Delivery:
         return self.deliveries == 1 and self.replays == 0
 
 
+async def start_delivery(db: AsyncSession | AsyncConnection, *, fields: dict[str, Any]) -> Delivery:
+    """Insert the event on first delivery, count every delivery: one upsert.
+
+    The upsert takes the row's write lock (SQLite) or row lock (PostgreSQL) and returns
+    the latest committed status, so it sees a replay committed meanwhile (an operator
+    replay holds that lock until its stream entry is added and its reset committed); a
+    replayed event (``queued``) becomes ``processing`` again.
+
+    One statement, so it is atomic on its own: the worker runs it on an autocommit
+    connection, one round trip instead of BEGIN, upsert and COMMIT.
+    """
+    bind = db.get_bind() if isinstance(db, AsyncSession) else db
+    statement = START_DELIVERY["postgresql" if bind.dialect.name == "postgresql" else "sqlite"]
+    result = await db.execute(statement, {**fields, "now": utcnow()})
+    status, deliveries, replays = result.one()
+    return Delivery(status, deliveries, replays)
+
+
 class EventRepository:
     """Hot-path statements are Core (on the tables), not ORM-enabled: the worker runs them
     for every event, and the ORM's bulk-update bookkeeping cost more CPU than the SQL."""
@@ -121,17 +139,7 @@ class EventRepository:
         return await self.session.get(EventRow, event_id)
 
     async def start_delivery(self, *, fields: dict[str, Any]) -> Delivery:
-        """Insert the event on first delivery, count every delivery: one upsert.
-
-        The upsert takes the row's write lock (SQLite) or row lock (PostgreSQL) and returns
-        the latest committed status, so it sees a replay committed meanwhile (an operator
-        replay holds that lock until its stream entry is added and its reset committed); a
-        replayed event (``queued``) becomes ``processing`` again.
-        """
-        statement = START_DELIVERY["postgresql" if self._dialect() == "postgresql" else "sqlite"]
-        result = await self.session.execute(statement, {**fields, "now": utcnow()})
-        status, deliveries, replays = result.one()
-        return Delivery(status, deliveries, replays)
+        return await start_delivery(self.session, fields=fields)
 
     async def set_status(self, event_id: str, status: str, *, error: str | None = None) -> None:
         await self.session.execute(
@@ -149,9 +157,6 @@ class EventRepository:
             .returning(EVENTS.c.received_at)
         )
         return list(result.scalars())
-
-    def _dialect(self) -> str:
-        return self.session.get_bind().dialect.name
 
 
 class LlmCallRepository:

@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from app.store.db import create_engine, session_factory
 from app.store.migrate import upgrade_head
 from app.store.models import EventRow, EventStatus, OutboxRow, OutboxStatus
-from app.store.repository import EventRepository, OutboxRepository
+from app.store.repository import EventRepository, OutboxRepository, start_delivery
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -54,6 +54,20 @@ async def _start(db: async_sessionmaker[AsyncSession], event_id: str) -> Any:
         delivery = await EventRepository(session).start_delivery(fields=_fields(event_id))
         await session.commit()
     return delivery
+
+
+async def test_start_delivery_stands_alone_on_an_autocommit_connection(
+    db: async_sessionmaker[AsyncSession],
+) -> None:
+    """How the worker runs it: one statement, no transaction around it, nothing to commit."""
+    engine = db.kw["bind"]
+    async with engine.execution_options(isolation_level="AUTOCOMMIT").connect() as connection:
+        first = await start_delivery(connection, fields=_fields("evt_auto"))
+    assert first.first
+    async with db() as session:  # another connection sees it: it was committed by itself
+        row = await session.get(EventRow, "evt_auto")
+        assert row is not None and row.deliveries == 1
+    assert not (await _start(db, "evt_auto")).first
 
 
 async def test_start_delivery_inserts_then_counts_and_resumes_a_replay(
