@@ -6,6 +6,11 @@ that dies stops renewing and its partitions are free after ``ttl`` (taken over o
 rebalance tick). Members announce themselves in a sorted set with a heartbeat; each takes at
 most ceil(partitions / live members) so load spreads as processes come and go. Acks are
 fenced with the token (see ``EventQueue.ack``): a process that lost a lease cannot ack.
+
+``still_owns`` answers from the local clock while the last renewal (or the acquisition) is
+less than half a TTL old: the key then cannot have expired, so no other process can hold
+it, and the check costs no round trip on every event's path. Past that (renewals stalled,
+the process was paused) it asks Redis.
 """
 
 from __future__ import annotations
@@ -55,6 +60,8 @@ class PartitionLeases:
         self.owner = owner
         self.ttl_ms = ttl_ms
         self.tokens: dict[int, str] = {}
+        # partition → monotonic time a renewal or acquisition that succeeded was sent
+        self._confirmed: dict[int, float] = {}
         self.share = partitions
         self._renew = redis.register_script(_RENEW)
         self._acquire = redis.register_script(_ACQUIRE)
@@ -87,8 +94,12 @@ class PartitionLeases:
         changes = LeaseChanges()
         await self.redis.zadd(self.members_key, {self.owner: int(time.time() * 1000)})
         for partition, token in list(self.tokens.items()):
-            if not await self._renew(keys=[self.lease_key(partition)], args=[token, self.ttl_ms]):
+            sent = time.monotonic()
+            if await self._renew(keys=[self.lease_key(partition)], args=[token, self.ttl_ms]):
+                self._confirmed[partition] = sent
+            else:
                 del self.tokens[partition]
+                self._confirmed.pop(partition, None)
                 changes.lost.append(partition)
                 log.warning("lease_lost", partition=partition)
         share = math.ceil(self.partitions / await self.live_members())
@@ -101,12 +112,14 @@ class PartitionLeases:
             for partition in free:
                 if len(self.tokens) >= share:
                     break
+                sent = time.monotonic()
                 token = await self._acquire(
                     keys=[self.lease_key(partition), self.epoch_key(partition)],
                     args=[self.owner, self.ttl_ms],
                 )
                 if token:
                     self.tokens[partition] = token.decode() if isinstance(token, bytes) else token
+                    self._confirmed[partition] = sent
                     changes.acquired.append(partition)
         if changes.acquired or changes.lost:
             log.info(
@@ -136,6 +149,9 @@ class PartitionLeases:
         token = self.tokens.get(partition)
         if token is None:
             return False
+        confirmed = self._confirmed.get(partition)
+        if confirmed is not None and time.monotonic() - confirmed < self.ttl_ms / 2000:
+            return True
         current = await self.redis.get(self.lease_key(partition))
         if isinstance(current, bytes):
             current = current.decode()
@@ -143,6 +159,7 @@ class PartitionLeases:
 
     async def release(self, partition: int) -> None:
         token = self.tokens.pop(partition, None)
+        self._confirmed.pop(partition, None)
         if token is not None:
             await self._release(keys=[self.lease_key(partition)], args=[token])
 

@@ -134,3 +134,23 @@ async def test_consumers_that_left_nothing_pending_are_forgotten(
     assert "gone-idle" not in decoded
     assert "gone-busy" in decoded
     assert second.entry_id
+
+
+async def test_still_owns_trusts_a_fresh_renewal_and_asks_redis_once_it_is_old(
+    redis: Redis, redis_prefix: str
+) -> None:
+    """Within half a TTL of the last renewal the key cannot have expired: no round trip.
+    Past it (renewals stalled, the process was paused) Redis decides."""
+    a = _leases(redis, redis_prefix, "a", ttl_ms=400)
+    await a.tick()
+    # Overwritten behind a's back (no process does that; it shows who answers).
+    await redis.set(a.lease_key(0), "someone-else:99")
+    assert await a.still_owns(0)  # answered locally: the renewal is fresh
+    await asyncio.sleep(0.25)  # more than half the TTL, no renewal meanwhile
+    assert not await a.still_owns(0)  # asked Redis
+    assert await a.still_owns(1)  # still a's in Redis
+    await a.tick()  # renewal fails for partition 0: lost; 1 is fresh again
+    assert 0 not in a.tokens
+    assert not await a.still_owns(0)
+    await redis.delete(a.lease_key(1))
+    assert await a.still_owns(1)  # fresh renewal: local answer
