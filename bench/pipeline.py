@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import os
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -137,13 +138,52 @@ def run_gateway(
         f"(C/L = {limit:.0f}/s; target ≥ 0.9 x C/L); Claude requests in flight at most "
         f"{stats['max_in_flight']}",
         f"- per-key order: {_check_order(messages, sent)}",
-        f"- stages: last Claude result stored (outbox row) at {stored - started:.2f} s "
+        f"- stages: first Claude request at {stats['first_at'] - started:.2f} s, last at "
+        f"{stats['last_at'] - started:.2f} s; last Claude result stored (outbox row) at "
+        f"{stored - started:.2f} s "
         f"(decisions: {total / (stored - started):.1f} events/s = "
         f"{total / (stored - started) / limit:.2f} x C/L), last SNS delivery at "
         f"{last - started:.2f} s",
         f"- gateway CPU: {cpu / total * 1000:.1f} ms per event, {cpu / (last - started):.0%} of "
         "one core over the run",
     ], cpu / total
+
+
+def _moto_alone(args: argparse.Namespace, moto: Server) -> str:
+    """The SNS stand-in's own ceiling: the same number of messages (same groups, bodies of
+    about 1 KB) sent in PublishBatch calls of 10, one at a time as the
+    relay does here, as fast as moto answers, with the same subscriber draining meanwhile."""
+    sns = SnsFixture(moto.url, f"alone{os.getpid()}", count_all=False)
+    total = args.keys * args.per_key
+    got: list[dict[str, Any]] = []
+    drain = threading.Thread(
+        target=lambda: got.extend(sns.receive(sns.fifo_url, expected=total, timeout=120 + total))
+    )
+    cpu = moto.cpu_seconds()
+    started = time.time()
+    drain.start()
+    for first in range(0, total, 10):
+        sns.sns.publish_batch(
+            TopicArn=sns.topic_arn,
+            PublishBatchRequestEntries=[
+                {
+                    "Id": str(n),
+                    "Message": orjson.dumps({"n": n, "pad": "x" * 900}).decode(),
+                    "MessageGroupId": f"bench/repo-{n % args.keys}",
+                    "MessageDeduplicationId": f"alone-{n}",
+                }
+                for n in range(first, min(first + 10, total))
+            ],
+        )
+    drain.join()
+    last = max(int(m["Attributes"]["SentTimestamp"]) for m in got) / 1000
+    per_message = (moto.cpu_seconds() - cpu) / total * 1000
+    return (
+        f"moto alone, no eventgate ({total} messages in PublishBatch calls of 10, one at a "
+        f"time, the same subscriber draining): **{len(got) / (last - started):.1f} "
+        f"messages/s**, {per_message:.1f} ms of moto CPU per message. Whatever eventgate "
+        "does, SNS delivery here cannot go faster than this."
+    )
 
 
 async def _sequential(args: argparse.Namespace, moto: str, fake: str) -> float:
@@ -226,6 +266,9 @@ def main() -> None:
             print("\n".join(run), flush=True)
             lines += [*run, ""]
             if latency == args.latency[0]:
+                alone = _moto_alone(args, moto)
+                print(alone, flush=True)
+                lines += [alone, ""]
                 rate = float(run[1].split("**")[1].split()[0])
                 sequential = asyncio.run(_sequential(args, moto.url, fake.url))
                 lines += [

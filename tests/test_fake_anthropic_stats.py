@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import httpx
 
 from app.testing.fake_anthropic import FakeAnthropicServer
@@ -18,11 +20,14 @@ def test_stats_count_requests(fake_claude: FakeAnthropicServer) -> None:
             "requests": 0,
             "in_flight": 0,
             "max_in_flight": 0,
+            "first_at": None,
+            "last_at": None,
         }
+        before = time.time()
         assert client.post("/v1/messages", json=request).status_code == 200
         assert client.post("/v1/messages", json=request).status_code == 200
-        assert client.get("/_fake/stats").json() == {
-            "requests": 2,
-            "in_flight": 0,
-            "max_in_flight": 1,
-        }
+        after = time.time()
+        stats = client.get("/_fake/stats").json()
+        first, last = stats.pop("first_at"), stats.pop("last_at")
+        assert stats == {"requests": 2, "in_flight": 0, "max_in_flight": 1}
+        assert before - 0.01 <= first <= last <= after + 0.01

@@ -162,12 +162,16 @@ def build_app(behaviour: FakeBehaviour) -> Starlette:
             behaviour.in_flight -= 1
 
     async def stats(_: Request) -> JSONResponse:
-        """For benchmarks running the fake as a process: what it has seen."""
+        """For benchmarks running the fake as a process: what it has seen, with the wall-clock
+        times (``time.time()``) of the first and the last request (null before any)."""
+        to_wall = time.time() - time.monotonic()
         return JSONResponse(
             {
                 "requests": len(behaviour.requests),
                 "in_flight": behaviour.in_flight,
                 "max_in_flight": behaviour.max_in_flight,
+                "first_at": behaviour.log[0][0] + to_wall if behaviour.log else None,
+                "last_at": behaviour.log[-1][0] + to_wall if behaviour.log else None,
             }
         )
 
