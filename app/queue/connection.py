@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import redis
 from redis.asyncio import Redis
+from redis.driver_info import DriverInfo
 
 # Connections per process. redis-py's default pool (100) raised MaxConnectionsError when the
 # worker's runners and a burst of webhooks needed more at once, which ingest answered with
 # 503. redis-py's BlockingConnectionPool (wait instead) was tried and dropped: a gateway
 # stopping with it hung once in CI, and it has known cancellation deadlocks.
 MAX_CONNECTIONS = 1000
+# Given, not looked up: without it redis-py asks importlib.metadata for its own version each
+# time it opens a connection (CLIENT SETINFO), which doubled the CPU of a new connection and
+# stalled the event loop while a burst grew the pool (docs/benchmarks.md).
+DRIVER_INFO = DriverInfo(lib_version=redis.__version__)
 
 
 def connect_redis(url: str) -> Redis:
@@ -23,4 +29,5 @@ def connect_redis(url: str) -> Redis:
         health_check_interval=30,
         socket_connect_timeout=2,
         socket_timeout=10,
+        driver_info=DRIVER_INFO,
     )

@@ -1,8 +1,10 @@
-"""The Redis client's pool takes a burst beyond redis-py's default of 100 connections."""
+"""The Redis client's pool takes a burst beyond redis-py's default of 100 connections, and
+opening a connection does not scan the installed packages."""
 
 from __future__ import annotations
 
 import asyncio
+from importlib import metadata
 
 import pytest
 
@@ -21,5 +23,31 @@ async def test_a_burst_of_300_concurrent_commands_gets_connections(
         # the default pool the 101st raised MaxConnectionsError.
         replies = await asyncio.gather(*(client.blpop([key], timeout=0.05) for _ in range(300)))
         assert replies == [None] * 300
+    finally:
+        await client.aclose()
+
+
+async def test_new_connections_do_not_look_up_the_library_version(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if redis_url.startswith("memory://"):
+        pytest.skip("fakeredis opens no connections (real Redis is not reachable here)")
+    lookups: list[str] = []
+    real_version = metadata.version
+
+    def counting(name: str) -> str:
+        lookups.append(name)
+        return real_version(name)
+
+    monkeypatch.setattr(metadata, "version", counting)
+    client = connect_redis(redis_url)
+    try:
+        # 20 commands at once: 20 new connections, each sends CLIENT SETINFO lib-ver.
+        await asyncio.gather(
+            *(client.blpop(["eventgate-test:none"], timeout=0.05) for _ in range(20))
+        )
+        pool = client.connection_pool
+        assert len(pool._available_connections) + len(pool._in_use_connections) >= 20
+        assert "redis" not in lookups
     finally:
         await client.aclose()
