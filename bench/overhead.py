@@ -27,7 +27,7 @@ from bench.common import (
     stream_depth,
     write_config,
 )
-from bench.pipeline import _send_all
+from bench.pipeline import _requests, _send_all
 from bench.wrk import require_wrk, run_wrk, write_script
 from tests.support import SnsFixture
 
@@ -81,6 +81,7 @@ def cpu_per_event(events: int) -> list[str]:
                 idle_before = server.cpu_seconds()
                 time.sleep(IDLE_SECONDS)  # the polling loops' CPU, to tell apart below
                 idle_rate = (server.cpu_seconds() - idle_before) / IDLE_SECONDS
+                requests = _requests(keys, 6)
                 cpu_before = server.cpu_seconds()
                 started = time.perf_counter()
                 # Drained while the webhooks go in: moto scans a queue's every message on each
@@ -91,7 +92,7 @@ def cpu_per_event(events: int) -> list[str]:
                     expected=keys * 6,
                     timeout=300,
                 )
-                asyncio.run(_send_all(server.url, keys, 6))
+                asyncio.run(_send_all(server.url, requests))
                 got = receiving.result()
                 elapsed = time.perf_counter() - started
                 cpu = server.cpu_seconds() - cpu_before

@@ -31,3 +31,5 @@ def test_stats_count_requests(fake_claude: FakeAnthropicServer) -> None:
         first, last = stats.pop("first_at"), stats.pop("last_at")
         assert stats == {"requests": 2, "in_flight": 0, "max_in_flight": 1}
         assert before - 0.01 <= first <= last <= after + 0.01
+        later = client.get("/_fake/stats", params={"since": after + 0.01}).json()
+        assert (later["requests"], later["first_at"], later["last_at"]) == (2, None, None)

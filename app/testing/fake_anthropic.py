@@ -161,17 +161,21 @@ def build_app(behaviour: FakeBehaviour) -> Starlette:
         finally:
             behaviour.in_flight -= 1
 
-    async def stats(_: Request) -> JSONResponse:
+    async def stats(request: Request) -> JSONResponse:
         """For benchmarks running the fake as a process: what it has seen, with the wall-clock
-        times (``time.time()``) of the first and the last request (null before any)."""
+        times (``time.time()``) of the first and the last request received at or after
+        ``?since=`` (a ``time.time()`` value; all requests without it; null if none)."""
         to_wall = time.time() - time.monotonic()
+        since = float(request.query_params.get("since", "0"))
+        times = [received + to_wall for received, _ in behaviour.log]
+        times = [t for t in times if t >= since]
         return JSONResponse(
             {
                 "requests": len(behaviour.requests),
                 "in_flight": behaviour.in_flight,
                 "max_in_flight": behaviour.max_in_flight,
-                "first_at": behaviour.log[0][0] + to_wall if behaviour.log else None,
-                "last_at": behaviour.log[-1][0] + to_wall if behaviour.log else None,
+                "first_at": times[0] if times else None,
+                "last_at": times[-1] if times else None,
             }
         )
 
