@@ -33,3 +33,5 @@ def test_stats_count_requests(fake_claude: FakeAnthropicServer) -> None:
         assert before - 0.01 <= first <= last <= after + 0.01
         later = client.get("/_fake/stats", params={"since": after + 0.01}).json()
         assert (later["requests"], later["first_at"], later["last_at"]) == (2, None, None)
+        bad = client.get("/_fake/stats", params={"since": "yesterday"})
+        assert bad.status_code == 400 and "since" in bad.json()["error"]

@@ -10,7 +10,9 @@ fenced with the token (see ``EventQueue.ack``): a process that lost a lease cann
 ``still_owns`` answers from the local clock while the last renewal (or the acquisition) is
 less than half a TTL old: the key then cannot have expired, so no other process can hold
 it, and the check costs no round trip on every event's path. Past that (renewals stalled,
-the process was paused) it asks Redis.
+the process was paused) it asks Redis. A clock that stopped while Redis's ran on (a
+suspended VM) could make it answer wrongly for up to half a TTL; the check only saves
+work, the ack stays fenced in Redis and a repeated event is not called or published twice.
 """
 
 from __future__ import annotations

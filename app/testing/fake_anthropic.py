@@ -166,7 +166,10 @@ def build_app(behaviour: FakeBehaviour) -> Starlette:
         times (``time.time()``) of the first and the last request received at or after
         ``?since=`` (a ``time.time()`` value; all requests without it; null if none)."""
         to_wall = time.time() - time.monotonic()
-        since = float(request.query_params.get("since", "0"))
+        try:
+            since = float(request.query_params.get("since", "0"))
+        except ValueError:
+            return JSONResponse({"error": "since must be a number (time.time())"}, 400)
         times = [received + to_wall for received, _ in behaviour.log]
         times = [t for t in times if t >= since]
         return JSONResponse(
