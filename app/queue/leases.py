@@ -11,8 +11,9 @@ fenced with the token (see ``EventQueue.ack``): a process that lost a lease cann
 less than half a TTL old: the key then cannot have expired, so no other process can hold
 it, and the check costs no round trip on every event's path. Past that (renewals stalled,
 the process was paused) it asks Redis. A clock that stopped while Redis's ran on (a
-suspended VM) could make it answer wrongly for up to half a TTL; the check only saves
-work, the ack stays fenced in Redis and a repeated event is not called or published twice.
+suspended VM) could make it answer wrongly for up to half a TTL. The check only saves
+work, as it did before (a lease can also be lost just after a Redis check): the ack stays
+fenced in Redis, and an event processed twice is published once (unique outbox dedup ids).
 """
 
 from __future__ import annotations
