@@ -41,7 +41,7 @@ def _column_values(row: Base) -> dict[str, Any]:
     }
 
 
-# The event's own columns, which ``EventRepository.start_delivery`` takes as ``fields``.
+# The event's own columns, which ``start_delivery`` takes as ``fields``.
 EVENT_FIELDS = (
     "id",
     "source",
@@ -55,7 +55,7 @@ EVENT_FIELDS = (
 
 
 def _start_delivery(insert: Any) -> Any:
-    """The upsert of ``EventRepository.start_delivery`` for one dialect's ``insert``."""
+    """The upsert of ``start_delivery`` for one dialect's ``insert``."""
     return (
         insert(EVENTS)
         .values(
@@ -110,7 +110,7 @@ class Delivery:
         return self.deliveries == 1 and self.replays == 0
 
 
-async def start_delivery(db: AsyncSession | AsyncConnection, *, fields: dict[str, Any]) -> Delivery:
+async def start_delivery(connection: AsyncConnection, *, fields: dict[str, Any]) -> Delivery:
     """Insert the event on first delivery, count every delivery: one upsert.
 
     The upsert takes the row's write lock (SQLite) or row lock (PostgreSQL) and returns
@@ -121,9 +121,9 @@ async def start_delivery(db: AsyncSession | AsyncConnection, *, fields: dict[str
     One statement, so it is atomic on its own: the worker runs it on an autocommit
     connection, one round trip instead of BEGIN, upsert and COMMIT.
     """
-    bind = db.get_bind() if isinstance(db, AsyncSession) else db
-    statement = START_DELIVERY["postgresql" if bind.dialect.name == "postgresql" else "sqlite"]
-    result = await db.execute(statement, {**fields, "now": utcnow()})
+    dialect = connection.dialect.name
+    statement = START_DELIVERY["postgresql" if dialect == "postgresql" else "sqlite"]
+    result = await connection.execute(statement, {**fields, "now": utcnow()})
     status, deliveries, replays = result.one()
     return Delivery(status, deliveries, replays)
 
@@ -137,9 +137,6 @@ class EventRepository:
 
     async def get(self, event_id: str) -> EventRow | None:
         return await self.session.get(EventRow, event_id)
-
-    async def start_delivery(self, *, fields: dict[str, Any]) -> Delivery:
-        return await start_delivery(self.session, fields=fields)
 
     async def set_status(self, event_id: str, status: str, *, error: str | None = None) -> None:
         await self.session.execute(

@@ -50,9 +50,9 @@ def _fields(event_id: str) -> dict[str, Any]:
 
 
 async def _start(db: async_sessionmaker[AsyncSession], event_id: str) -> Any:
-    async with db() as session:
-        delivery = await EventRepository(session).start_delivery(fields=_fields(event_id))
-        await session.commit()
+    async with db.kw["bind"].connect() as connection:
+        delivery = await start_delivery(connection, fields=_fields(event_id))
+        await connection.commit()
     return delivery
 
 
