@@ -10,6 +10,10 @@ stays queued. An event gives up only on failures made while the breaker was clos
 ``max_attempts`` of them, or once its failing attempts and backoff exceed the event deadline
 — and only if the breaker is still closed then; otherwise the outage is the breaker's to
 handle and the event's count starts again. 429s and half-open probes never count.
+
+An attempt's Redis bookkeeping (rate-limit settle, breaker, budget) runs beside the database
+write of its outcome, never before it: Redis failing after Claude answered must not lose the
+audit row of a call that was made (and, for a success, paid for).
 """
 
 from __future__ import annotations
@@ -63,9 +67,27 @@ class RetryPolicy:
 
 @dataclass(frozen=True, slots=True)
 class CallResult:
+    """A successful call. Its Redis bookkeeping is not done yet: ``GuardedCaller.account``
+    does it, beside the database write of the outcome (``run_together``)."""
+
     reply: ClaudeReply
     attempt: Attempt
     cost_usd: float
+    pipeline: str
+    permit: Permit
+    reservation: Reservation
+
+
+async def run_together(*steps: Awaitable[object]) -> None:
+    """Run ``steps`` concurrently, wait for every one of them, then raise the first failure.
+
+    Waiting for all matters: a step that fails must not return control (and so let the
+    dispatcher retry the event) while another step is still writing.
+    """
+    outcomes = await asyncio.gather(*steps, return_exceptions=True)
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
 
 
 class GuardedCaller:
@@ -115,12 +137,11 @@ class GuardedCaller:
             this = Attempt(
                 attempt, pipeline.provider, replace(request, model=model), permit.state, reason
             )
+            reservation = await self._reserve(this.request)
             try:
-                reply, reservation = await self._attempt(
-                    event.pipeline, client, this, permit, spent=spent
-                )
+                reply = await self._attempt(event.pipeline, client, this.request, spent=spent)
             except ClaudeError as exc:
-                await self._after_failure(event, this, permit, exc)
+                await self._after_failure(event, this, permit, reservation, exc)
                 if not exc.retryable:
                     raise CallAbandoned(f"{exc.error_type}: {exc}") from exc
                 # A 429 is the limiter's to pace, an open breaker's failures the outage's:
@@ -152,31 +173,33 @@ class GuardedCaller:
                 attempt += 1
                 reason = f"{exc.error_type} {exc.status or ''}".strip()
                 continue
-            cost = await self._after_success(
-                event.pipeline, pipeline, this, permit, reply, reservation
+            result = CallResult(
+                reply=reply,
+                attempt=this,
+                cost_usd=self.audit.cost_usd(reply),
+                pipeline=event.pipeline,
+                permit=permit,
+                reservation=reservation,
             )
-            return CallResult(reply=reply, attempt=this, cost_usd=cost)
+            self._count_success(result)
+            return result
 
-    async def _attempt(
-        self, pipeline: str, client: ClaudeClient, this: Attempt, permit: Permit, *, spent: float
-    ) -> tuple[ClaudeReply, Reservation]:
-        """The call within the rate limit and the slots; a success's reservation is settled
-        by ``_after_success``."""
-        request = this.request
+    async def _reserve(self, request: ClaudeRequest) -> Reservation:
+        """Wait for the rate limit; a success's reservation is settled by ``account``, a
+        failure's by ``_record_failure``."""
         estimate = estimate_input_tokens(request.as_api())
-        reservation = await self.limiter.acquire(
+        return await self.limiter.acquire(
             request.model, input_tokens=estimate, output_tokens=request.max_tokens
         )
+
+    async def _attempt(
+        self, pipeline: str, client: ClaudeClient, request: ClaudeRequest, *, spent: float
+    ) -> ClaudeReply:
+        """The call itself, within the concurrency slots."""
         left = self.retry.event_deadline_seconds - spent
         timeout = max(1.0, min(self.retry.call_timeout_seconds, left))
-        try:
-            async with self._slots(pipeline):
-                reply = await client.create(request, call_timeout=timeout)
-        except ClaudeError:
-            # A failed call used a request but (as far as we can know) no tokens.
-            await self.limiter.settle(reservation, input_tokens=0, output_tokens=0, headers={})
-            raise
-        return reply, reservation
+        async with self._slots(pipeline):
+            return await client.create(request, call_timeout=timeout)
 
     @contextlib.asynccontextmanager
     async def _slots(self, pipeline: str) -> AsyncIterator[None]:
@@ -225,47 +248,68 @@ class GuardedCaller:
             )
 
     async def _after_failure(
-        self, event: Event, this: Attempt, permit: Permit, exc: ClaudeError
+        self,
+        event: Event,
+        this: Attempt,
+        permit: Permit,
+        reservation: Reservation,
+        exc: ClaudeError,
+    ) -> None:
+        """The attempt's audit row and the breaker and rate-limit updates, side by side: a
+        Redis failure here must not cost the attempt its audit row."""
+        if exc.status in AUTH_STATUSES:
+            self.health.auth_failed(provider=this.provider, status=exc.status)
+        LLM_REQUESTS.labels(
+            model=this.request.model, outcome="retry" if exc.retryable else "error"
+        ).inc()
+        LLM_DURATION.observe(exc.latency_ms / 1000)
+        await run_together(
+            self._record_failure(this, permit, reservation, exc), self._audit(event, this, exc)
+        )
+
+    async def _record_failure(
+        self, this: Attempt, permit: Permit, reservation: Reservation, exc: ClaudeError
     ) -> None:
         model, provider = this.request.model, this.provider
         upstream_unwell = exc.retryable and exc.status != 429
-        await self.breaker.record(provider, model, ok=not upstream_unwell, permit=permit)
+        await asyncio.gather(
+            # A failed call used a request but (as far as we can know) no tokens.
+            self.limiter.settle(reservation, input_tokens=0, output_tokens=0, headers={}),
+            self.breaker.record(provider, model, ok=not upstream_unwell, permit=permit),
+        )
         if exc.status == 429:
             await self.limiter.hold(model, exc.retry_after if exc.retry_after is not None else 1.0)
-        if exc.status in AUTH_STATUSES:
-            self.health.auth_failed(provider=provider, status=exc.status)
-        LLM_REQUESTS.labels(model=model, outcome="retry" if exc.retryable else "error").inc()
-        LLM_DURATION.observe(exc.latency_ms / 1000)
+
+    async def _audit(self, event: Event, this: Attempt, exc: ClaudeError) -> None:
         async with self.sessions() as session:
             await LlmCallRepository(session).add(self.audit.failure_row(event, this, exc))
             await session.commit()
 
-    async def _after_success(
-        self,
-        name: str,
-        pipeline: PipelineConfig,
-        this: Attempt,
-        permit: Permit,
-        reply: ClaudeReply,
-        reservation: Reservation,
-    ) -> float:
+    async def account(self, result: CallResult) -> None:
         """Settle the rate limit, close the breaker's books and charge the budget: three Redis
-        updates that do not depend on each other, sent together. In a busy event loop each
-        await waits for everything queued before it, so this is on every key's critical path."""
-        self.health.call_succeeded()
-        cost = self.audit.cost_usd(reply)
+        updates that do not depend on each other, sent together. The pipeline runs this beside
+        its database write, so a Redis failure cannot lose the audit row of a paid call."""
+        reply, this = result.reply, result.attempt
         usage = usage_of(reply)
         _, _, spend = await asyncio.gather(
             self.limiter.settle(
-                reservation,
+                result.reservation,
                 # Cache reads do not count towards the input-tokens-per-minute limit.
                 input_tokens=reply.input_tokens + reply.cache_creation_input_tokens,
                 output_tokens=reply.output_tokens,
                 headers=reply.headers,
             ),
-            self.breaker.record(this.provider, this.request.model, ok=True, permit=permit),
-            self.budgets.charge(name, tokens=usage.total, cost_usd=cost),
+            self.breaker.record(this.provider, this.request.model, ok=True, permit=result.permit),
+            self.budgets.charge(result.pipeline, tokens=usage.total, cost_usd=result.cost_usd),
         )
+        budget = self.config.pipelines[result.pipeline].budget
+        if budget is not None:
+            BudgetLedger.evaluate(result.pipeline, budget, spend)
+
+    def _count_success(self, result: CallResult) -> None:
+        reply = result.reply
+        usage = usage_of(reply)
+        self.health.call_succeeded()
         LLM_REQUESTS.labels(model=reply.model, outcome="ok").inc()
         LLM_DURATION.observe(reply.latency_ms / 1000)
         for kind, value in (
@@ -275,7 +319,4 @@ class GuardedCaller:
             ("cache_read", usage.cache_read_input_tokens),
         ):
             LLM_TOKENS.labels(model=reply.model, type=kind).inc(value)
-        LLM_COST.labels(pipeline=name).inc(cost)
-        if pipeline.budget is not None:
-            BudgetLedger.evaluate(name, pipeline.budget, spend)
-        return cost
+        LLM_COST.labels(pipeline=result.pipeline).inc(result.cost_usd)

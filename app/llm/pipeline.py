@@ -22,7 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from app.config import GatewayConfig
 from app.ingest.schemas import Event
 from app.llm.audit import AuditRecorder, new_call_id
-from app.llm.caller import CallAbandoned, CallResult, GuardedCaller
+from app.llm.caller import CallAbandoned, CallResult, GuardedCaller, run_together
 from app.llm.client import ClaudeRequest
 from app.llm.prompts import render_event, system_blocks, tool_definitions
 from app.llm.tools import ToolCheck, check_tool_uses, repair_request
@@ -117,7 +117,9 @@ class EventProcessor:
             result = await self.caller.call(event, request, attempt=first_attempt, reason=None)
             check = self._check(event, result)
             if check.invalid and result.reply.stop_reason not in NO_PUBLISH_STOPS:
-                await self._record_invalid(event, result, check)
+                await run_together(
+                    self._record_invalid(event, result, check), self.caller.account(result)
+                )
                 result = await self.caller.call(
                     event,
                     repair_request(result.attempt.request, result.reply, check),
@@ -128,7 +130,11 @@ class EventProcessor:
         except CallAbandoned as exc:
             await self._dead_letter(event, stage="llm", reason=str(exc))
             return
-        await self._store(event, result=result, check=check, log_=log_)
+        # Side by side: the decision is stored even if Redis fails (the event is then retried,
+        # finds it stored and does not call Claude again), and the store waits for no Redis.
+        await run_together(
+            self._store(event, result=result, check=check, log_=log_), self.caller.account(result)
+        )
 
     def _check(self, event: Event, result: CallResult) -> ToolCheck:
         offered = self.config.pipelines[event.pipeline].tools

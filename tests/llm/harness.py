@@ -182,15 +182,18 @@ def build(
     prefix: str,
     text: str | None = None,
     clients: dict[str, ClaudeClient] | None = None,
+    breaker: type[CircuitBreaker] = CircuitBreaker,
+    budgets: type[BudgetLedger] = BudgetLedger,
     **settings: Any,
 ) -> Harness:
+    """``breaker`` and ``budgets`` let a test pass a subclass (e.g. one whose Redis fails)."""
     config = parse_config(text or config_text())
     defaults: dict[str, Any] = {"llm_retry_base_seconds": 0.5, "llm_audit_text": "redacted"}
     s = Settings(**(defaults | settings))
     clock = FakeClock()
     sleeps = RecordedSleeps(clock)
     health = LlmHealth()
-    budgets = BudgetLedger(redis, prefix=prefix, clock=clock)
+    ledger = budgets(redis, prefix=prefix, clock=clock)
     audit = AuditRecorder(prices=PriceTable.from_config(config), text_mode=s.llm_audit_text)  # type: ignore[arg-type]
     anthropic = ClaudeClient(AsyncAnthropic(api_key="sk-ant-test", base_url=BASE, max_retries=0))
     caller = GuardedCaller(
@@ -200,8 +203,8 @@ def build(
         limiter=RateLimiter(
             redis, prefix=prefix, limits=model_limits(s, config), clock=clock, sleep=sleeps
         ),
-        breaker=CircuitBreaker(redis, prefix=prefix, policy=breaker_policy(s), clock=clock),
-        budgets=budgets,
+        breaker=breaker(redis, prefix=prefix, policy=breaker_policy(s), clock=clock),
+        budgets=ledger,
         health=health,
         audit=audit,
         slots=asyncio.Semaphore(s.llm_max_concurrency),
@@ -211,4 +214,4 @@ def build(
     processor = EventProcessor(
         config=config, sessions=sessions, caller=caller, audit=audit, max_deliveries=5
     )
-    return Harness(processor, caller, sessions, clock, sleeps, health, budgets, config)
+    return Harness(processor, caller, sessions, clock, sleeps, health, ledger, config)
