@@ -20,7 +20,9 @@ from anthropic import AsyncAnthropic, DefaultAioHttpClient
 from bench.common import ALERT_TOOL, PYTHON, Server, free_port, report, table
 
 
-async def _run(transport: str, url: str, calls: int, concurrency: int) -> tuple[float, float]:
+async def timed_calls(
+    transport: str, url: str, calls: int, concurrency: int
+) -> tuple[float, float]:
     """(CPU ms per call in this process, wall seconds) for ``calls`` calls."""
     extra: dict[str, Any] = {}
     if transport == "aiohttp":
@@ -63,7 +65,9 @@ def main() -> None:
     with Server(argv, env=dict(os.environ), port=port, ready_path="/_fake/stats") as fake:
         for _ in range(args.repeat):
             for transport in ("httpx2", "aiohttp"):
-                cpu, wall = uvloop.run(_run(transport, fake.url, args.calls, args.concurrency))
+                cpu, wall = uvloop.run(
+                    timed_calls(transport, fake.url, args.calls, args.concurrency)
+                )
                 if transport not in best or cpu < best[transport][0]:
                     best[transport] = (cpu, wall)
     ideal = args.calls / args.concurrency * args.latency

@@ -6,6 +6,11 @@ delivery) each run as a process (real Redis, PostgreSQL when reachable), so this
 sends webhooks and reads the queue. The end time is the SQS ``SentTimestamp`` of the last
 message, i.e. when SNS delivered it. A warm-up of C events of other keys goes first.
 
+Baselines measured in the same run, with the same stand-ins: the workload's own ceiling
+(ceil(events / C) rounds of L); the fake Claude alone (the SDK with C calls in flight, no
+pipeline); moto alone (the messages published at C/L); ``bench.minimal``, a pipeline that keeps
+per-key order and C and nothing else; and the sequential loop.
+
     python -m bench.pipeline [--latency 0.5] [--concurrency 64] [--keys 100] [--per-key 6]
 """
 
@@ -18,6 +23,7 @@ import os
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +33,12 @@ import anthropic
 import httpx
 import orjson
 import redis.asyncio as aioredis
+import uvloop
 from sqlalchemy import func, select
 
 from app.store.db import create_engine, session_factory
 from app.store.models import OutboxRow
+from bench.claude_client import timed_calls
 from bench.common import (
     ALERT_TOOL,
     GITHUB_SECRET,
@@ -104,10 +112,44 @@ def _check_order(messages: list[dict[str, Any]], sent: dict[str, list[str]]) -> 
     return f"FAILED for {len(wrong)} keys (e.g. {wrong[:3]})"
 
 
+@dataclass
+class Timed:
+    started: float
+    ingest_done: float
+    sent: dict[str, list[str]]
+    messages: list[dict[str, Any]]
+    cpu: float  # the server's CPU seconds over the timed part
+
+    @property
+    def elapsed(self) -> float:
+        """First webhook sent → last message delivered (its SQS ``SentTimestamp``)."""
+        last = max(int(m["Attributes"]["SentTimestamp"]) for m in self.messages) / 1000
+        return last - self.started
+
+    @property
+    def rate(self) -> float:
+        return len(self.messages) / self.elapsed
+
+
+def _timed(server: Server, sns: SnsFixture, args: argparse.Namespace) -> Timed:
+    """A warm-up of C events of other keys through the whole path, so pools, connections and
+    lazy imports are in place as in a server that has been running; then the timed run."""
+    asyncio.run(_send_all(server.url, _requests(args.concurrency, 1, "warm/repo")))
+    sns.receive(sns.fifo_url, expected=args.concurrency, timeout=60)
+    total = args.keys * args.per_key
+    requests = _requests(args.keys, args.per_key)
+    cpu_before = server.cpu_seconds()
+    started = time.time()
+    sent = asyncio.run(_send_all(server.url, requests))
+    ingest_done = time.time()
+    messages = sns.receive(sns.fifo_url, expected=total, timeout=120 + total)
+    return Timed(started, ingest_done, sent, messages, server.cpu_seconds() - cpu_before)
+
+
 def run_gateway(
     args: argparse.Namespace, latency: float, moto: str, fake: str
-) -> tuple[list[str], float]:
-    """The report lines, and the gateway's CPU seconds per event."""
+) -> tuple[list[str], Timed]:
+    """The report lines, and the run's figures."""
     client = require_redis()
     prefix = redis_prefix("pipeline")
     sns = SnsFixture(moto, f"bench{prefix[-8:]}", count_all=False)
@@ -132,51 +174,96 @@ def run_gateway(
         argv = [PYTHON, "-m", "app", "serve", "--port", str(port)]
         try:
             with Server(argv, env=env, port=port, ready_path="/readyz") as server:
-                # Warm-up: C events of other keys through the whole path, so connection
-                # pools, Claude and SNS connections and lazy imports are in place, as in a
-                # gateway that has been running; the timed run starts once they arrived.
-                asyncio.run(_send_all(server.url, _requests(args.concurrency, 1, "warm/repo")))
-                sns.receive(sns.fifo_url, expected=args.concurrency, timeout=60)
-                requests = _requests(args.keys, args.per_key)
-                cpu_before = server.cpu_seconds()
-                started = time.time()
-                sent = asyncio.run(_send_all(server.url, requests))
-                ingest_done = time.time()
-                messages = sns.receive(sns.fifo_url, expected=total, timeout=120 + total)
-                cpu = server.cpu_seconds() - cpu_before
+                run = _timed(server, sns, args)
             stored = asyncio.run(_last_stored(database_url))
         finally:
             drop_prefix(client, prefix)
-    last = max(int(m["Attributes"]["SentTimestamp"]) for m in messages) / 1000
-    rate = len(messages) / (last - started)
-    stats = httpx.get(f"{fake}/_fake/stats", params={"since": started}).json()
+    stats = httpx.get(f"{fake}/_fake/stats", params={"since": run.started}).json()
     limit = args.concurrency / latency
-    ratio = rate / limit
+    ratio = run.rate / limit
     # Every call takes L and a key's events go one at a time: total calls on C slots need at
     # least ceil(total / C) rounds of L, whatever the gateway does.
     rounds = math.ceil(total / args.concurrency)
     ceiling = total / (rounds * latency) / limit
     verdict = "met" if ratio >= TARGET else "missed"
+    decided = stored - run.started
     return [
         f"**L = {latency} s**, C = {args.concurrency}, {total} events ({args.keys} keys x "
-        f"{args.per_key}): {len(messages)} published in {last - started:.2f} s (webhooks sent "
-        f"in {ingest_done - started:.2f} s)",
-        f"- eventgate: **{rate:.1f} events/s** = **{ratio:.3f} x C/L** "
+        f"{args.per_key}): {len(run.messages)} published in {run.elapsed:.2f} s (webhooks sent "
+        f"in {run.ingest_done - run.started:.2f} s)",
+        f"- eventgate: **{run.rate:.1f} events/s** = **{ratio:.3f} x C/L** "
         f"(C/L = {limit:.0f}/s; target ≥ {TARGET} x C/L: {verdict}); "
         f"Claude requests in flight at most {stats['max_in_flight']}",
         f"- ceiling of this workload: {total} calls of L on {args.concurrency} slots take at "
         f"least {rounds} x L = {rounds * latency:g} s, at most {ceiling:.3f} x C/L; eventgate "
         f"reached {ratio / ceiling:.1%} of it",
-        f"- per-key order: {_check_order(messages, sent)}",
-        f"- stages: first Claude request at {stats['first_at'] - started:.2f} s, last at "
-        f"{stats['last_at'] - started:.2f} s; last Claude result stored (outbox row) at "
-        f"{stored - started:.2f} s "
-        f"(decisions: {total / (stored - started):.1f} events/s = "
-        f"{total / (stored - started) / limit:.2f} x C/L), last SNS delivery at "
-        f"{last - started:.2f} s",
-        f"- gateway CPU: {cpu / total * 1000:.1f} ms per event, {cpu / (last - started):.0%} of "
-        "one core over the run",
-    ], cpu / total
+        f"- per-key order: {_check_order(run.messages, run.sent)}",
+        f"- stages: first Claude request at {stats['first_at'] - run.started:.2f} s, last at "
+        f"{stats['last_at'] - run.started:.2f} s; last Claude result stored (outbox row) at "
+        f"{decided:.2f} s (decisions: {total / decided:.1f} events/s = "
+        f"{total / decided / limit:.2f} x C/L), last SNS delivery at {run.elapsed:.2f} s",
+        f"- gateway CPU: {run.cpu / total * 1000:.1f} ms per event, "
+        f"{run.cpu / run.elapsed:.0%} of one core over the run",
+    ], run
+
+
+def run_minimal(args: argparse.Namespace, latency: float, moto: str, fake: str) -> Timed:
+    """``bench.minimal`` through the same warm-up, sender, stand-ins and subscriber."""
+    sns = SnsFixture(moto, f"minimal{os.getpid()}x{int(latency * 1000)}", count_all=False)
+    env = {
+        **os.environ,
+        "MINIMAL_TOPIC_ARN": sns.topic_arn,
+        "MINIMAL_CONCURRENCY": str(args.concurrency),
+        "ANTHROPIC_BASE_URL": fake,
+        "AWS_ENDPOINT_URL_SNS": moto,
+    }
+    port = free_port()
+    argv = [PYTHON, "-m", "uvicorn", "bench.minimal:minimal_app", "--factory"]
+    argv += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
+    with Server(argv, env=env, port=port) as server:
+        return _timed(server, sns, args)
+
+
+async def _raw_calls(url: str, calls: int, concurrency: int) -> float:
+    """Wall seconds for ``calls`` Messages API requests, C in flight, over plain aiohttp."""
+    body = orjson.dumps(
+        {
+            "model": "claude-sonnet-4-6",
+            "max_tokens": 512,
+            "system": "You triage GitHub events.",
+            "tools": [ALERT_TOOL],
+            "messages": [{"role": "user", "content": "event " + "x" * 1500}],
+        }
+    )
+    headers = {"content-type": "application/json", "anthropic-version": "2023-06-01"}
+    slots = asyncio.Semaphore(concurrency)
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(base_url=url, connector=connector) as client:
+
+        async def one() -> None:
+            async with slots, client.post("/v1/messages", data=body, headers=headers) as reply:
+                assert orjson.loads(await reply.read())["stop_reason"] == "tool_use"
+
+        await asyncio.gather(*(one() for _ in range(concurrency)))  # connections open
+        started = time.perf_counter()
+        await asyncio.gather(*(one() for _ in range(calls)))
+        return time.perf_counter() - started
+
+
+def _claude_alone(args: argparse.Namespace, fake: str, latency: float) -> str:
+    """Can the Claude stand-in itself answer at C/L here? The same number of calls, C in
+    flight, from the SDK over the gateway's transport, and as plain HTTP requests: no
+    webhooks, queue or SNS."""
+    total = args.keys * args.per_key
+    limit = args.concurrency / latency
+    _, sdk = uvloop.run(timed_calls("aiohttp", fake, total, args.concurrency))
+    raw = uvloop.run(_raw_calls(fake, total, args.concurrency))
+    return (
+        f"the fake Claude alone, no eventgate: {total} calls with {args.concurrency} in flight "
+        f"took {sdk:.2f} s from the SDK (aiohttp transport, as the gateway) = "
+        f"**{total / sdk / limit:.3f} x C/L**, and {raw:.2f} s as plain aiohttp requests = "
+        f"{total / raw / limit:.3f} x C/L"
+    )
 
 
 def _moto_alone(args: argparse.Namespace, moto: Server, rate: float) -> str:
@@ -270,7 +357,6 @@ def main() -> None:
     require_redis()
     env = {**os.environ, "AWS_DEFAULT_REGION": "us-east-1"}
     lines: list[str] = []
-    rate = 0.0
     for latency in args.latency:
         moto_port, fake_port = free_port(), free_port()
         moto_argv = [PYTHON, "-m", "moto.server", "-p", str(moto_port)]
@@ -281,11 +367,22 @@ def main() -> None:
             Server(fake_argv, env=env, port=fake_port, ready_path="/_fake/stats") as fake,
         ):
             others = moto.cpu_seconds(), fake.cpu_seconds()
-            run, gateway_cpu = run_gateway(args, latency, moto.url, fake.url)
+            run, timed = run_gateway(args, latency, moto.url, fake.url)
             total = args.keys * args.per_key
+            gateway_cpu = timed.cpu / total
             moto_cpu = (moto.cpu_seconds() - others[0]) / total
             fake_cpu = (fake.cpu_seconds() - others[1]) / total
             limit = args.concurrency / latency
+            minimal = run_minimal(args, latency, moto.url, fake.url)
+            run.append(
+                f"- minimal pipeline, same run (`bench.minimal`: per-key order and C only, no "
+                f"signature check, Redis, database, dedup, limits or breaker; same SDK, fake "
+                f"Claude, moto, sender and subscriber): **{minimal.rate:.1f} events/s = "
+                f"{minimal.rate / limit:.3f} x C/L**, order "
+                f"{_check_order(minimal.messages, minimal.sent).split(':')[0]}, "
+                f"{minimal.cpu / total * 1000:.1f} ms of CPU per event; eventgate reached "
+                f"**{timed.rate / minimal.rate:.1%}** of it"
+            )
             cores = (gateway_cpu + moto_cpu + fake_cpu) * limit
             run.append(
                 f"- the other processes: moto (SNS → SQS FIFO, and the subscriber's receives) "
@@ -298,15 +395,17 @@ def main() -> None:
             print("\n".join(run), flush=True)
             lines += [*run, ""]
             if latency == args.latency[0]:
-                alone = _moto_alone(args, moto, args.concurrency / latency)
-                print(alone, flush=True)
-                lines += [alone, ""]
-                rate = float(run[1].split("**")[1].split()[0])
+                alone = [
+                    _claude_alone(args, fake.url, latency),
+                    _moto_alone(args, moto, args.concurrency / latency),
+                ]
+                print("\n".join(alone), flush=True)
+                lines += [alone[0], "", alone[1], ""]
                 sequential = asyncio.run(_sequential(args, moto.url, fake.url))
                 lines += [
                     f"Sequential consume → call → publish loop at L = {latency} s (same fake "
                     f"Claude and moto, {args.sequential_events} events): **{sequential:.2f} "
-                    f"events/s**; eventgate is {rate / sequential:.0f}x faster",
+                    f"events/s**; eventgate is {timed.rate / sequential:.0f}x faster",
                     "",
                 ]
     report(
@@ -320,7 +419,9 @@ def main() -> None:
             "Each run starts after a warm-up of C events of other keys through the whole path "
             "(pools and connections open, as in a gateway that has been running). "
             "Events/s count from the first webhook to the last SNS delivery (the SQS "
-            "`SentTimestamp` of the last message).",
+            "`SentTimestamp` of the last message). Same-run baselines: the workload's ceiling, "
+            "the fake Claude alone, moto alone, a minimal pipeline (`bench.minimal`: per-key "
+            "order and C only) and a sequential loop.",
             "",
             *lines,
         ],
