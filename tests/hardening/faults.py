@@ -60,18 +60,26 @@ class FaultProxy:
         self.stop()
 
     def stop(self) -> None:
-        """Stop the proxy's loop. Connections it had open may be left open and unanswered,
-        like those to a host that vanished (a peer waiting on one waits for ever)."""
+        """Close every connection and stop the proxy's loop."""
         if not self._thread.is_alive():
             return
         self._loop.call_soon_threadsafe(self._close_all)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
 
+    def vanish(self) -> None:
+        """The host vanishes: the loop stops with every connection left open and unanswered,
+        so a peer waiting on one waits for ever. (``stop`` queued closes first, and whether
+        they went out before the loop stopped was a race.) Call ``drop_leftovers`` after."""
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(5)
+
     def drop_leftovers(self) -> None:
-        """After ``stop()``: run the stopped loop briefly (from this thread) so that the closes
-        it had queued happen. Left open, a database connection stays idle in transaction and
-        its locks block the next test."""
+        """After ``vanish()``: close what it left open, running the stopped loop briefly from
+        this thread. Left open, a database connection stays idle in transaction and its
+        locks block the next test."""
+        self._close_all()
         self._loop.run_until_complete(asyncio.sleep(0.1))
 
     def set_mode(self, mode: str) -> None:

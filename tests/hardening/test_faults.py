@@ -193,7 +193,7 @@ def test_sigterm_after_postgres_vanished_stops_in_bounded_time(
         ).wait_ready()
         accepted = send_until_accepted(gateway.url, range(3))
         assert received_in_order(sns, expected=6) == accepted  # the pool holds connections
-        proxy.stop()
+        proxy.vanish()
     time.sleep(2)
     started = time.monotonic()
     # uvicorn re-raises the signal once its shutdown is done: -SIGTERM is a clean stop.
