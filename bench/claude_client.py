@@ -12,43 +12,77 @@ import argparse
 import asyncio
 import os
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+import aiohttp
+import orjson
 import uvloop
 from anthropic import AsyncAnthropic, DefaultAioHttpClient
 
 from bench.common import ALERT_TOOL, PYTHON, Server, free_port, report, table
 
+REQUEST: dict[str, Any] = {
+    "model": "claude-sonnet-4-6",
+    "max_tokens": 512,
+    "system": [{"type": "text", "text": "You triage GitHub events."}],
+    "tools": [ALERT_TOOL],
+}
+
+
+def _prompt(number: int) -> Any:  # the SDK wants its own TypedDicts
+    return [{"role": "user", "content": f"event {number} " + "x" * 1500}]
+
+
+async def _in_flight(
+    one: Callable[[int], Awaitable[None]], calls: int, concurrency: int
+) -> tuple[float, float]:
+    """(CPU ms per call in this process, wall seconds) for ``calls`` calls of ``one``, at most
+    ``concurrency`` at once, after a first round that opens connections and imports."""
+    slots = asyncio.Semaphore(concurrency)
+
+    async def limited(number: int) -> None:
+        async with slots:
+            await one(number)
+
+    await asyncio.gather(*(limited(n) for n in range(concurrency)))
+    cpu, wall = time.process_time(), time.perf_counter()
+    await asyncio.gather(*(limited(n) for n in range(calls)))
+    return (time.process_time() - cpu) / calls * 1000, time.perf_counter() - wall
+
 
 async def timed_calls(
     transport: str, url: str, calls: int, concurrency: int
 ) -> tuple[float, float]:
-    """(CPU ms per call in this process, wall seconds) for ``calls`` calls."""
+    """``_in_flight`` for the anthropic SDK over ``transport`` (httpx2 or aiohttp)."""
     extra: dict[str, Any] = {}
     if transport == "aiohttp":
         extra["http_client"] = DefaultAioHttpClient()
     client = AsyncAnthropic(base_url=url, api_key="sk-bench-not-real", max_retries=0, **extra)
-    slots = asyncio.Semaphore(concurrency)
 
     async def one(number: int) -> None:
-        async with slots:
-            raw = await client.messages.with_raw_response.create(
-                model="claude-sonnet-4-6",
-                max_tokens=512,
-                system=[{"type": "text", "text": "You triage GitHub events."}],
-                tools=[ALERT_TOOL],  # type: ignore[list-item]
-                messages=[{"role": "user", "content": f"event {number} " + "x" * 1500}],
-            )
-            message = await raw.parse()
-            assert message.stop_reason == "tool_use"
+        raw = await client.messages.with_raw_response.create(**REQUEST, messages=_prompt(number))
+        message = await raw.parse()
+        assert message.stop_reason == "tool_use"
 
     try:
-        await asyncio.gather(*(one(n) for n in range(concurrency)))  # connections and imports
-        cpu, wall = time.process_time(), time.perf_counter()
-        await asyncio.gather(*(one(n) for n in range(calls)))
-        return (time.process_time() - cpu) / calls * 1000, time.perf_counter() - wall
+        return await _in_flight(one, calls, concurrency)
     finally:
         await client.close()
+
+
+async def plain_calls(url: str, calls: int, concurrency: int) -> tuple[float, float]:
+    """``_in_flight`` for the same requests as plain aiohttp POSTs, without the SDK."""
+    headers = {"content-type": "application/json", "anthropic-version": "2023-06-01"}
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(base_url=url, connector=connector) as client:
+
+        async def one(number: int) -> None:
+            body = orjson.dumps({**REQUEST, "messages": _prompt(number)})
+            async with client.post("/v1/messages", data=body, headers=headers) as reply:
+                assert orjson.loads(await reply.read())["stop_reason"] == "tool_use"
+
+        return await _in_flight(one, calls, concurrency)
 
 
 def main() -> None:

@@ -38,7 +38,7 @@ from sqlalchemy import func, select
 
 from app.store.db import create_engine, session_factory
 from app.store.models import OutboxRow
-from bench.claude_client import timed_calls
+from bench.claude_client import plain_calls, timed_calls
 from bench.common import (
     ALERT_TOOL,
     GITHUB_SECRET,
@@ -112,6 +112,11 @@ def _check_order(messages: list[dict[str, Any]], sent: dict[str, list[str]]) -> 
     return f"FAILED for {len(wrong)} keys (e.g. {wrong[:3]})"
 
 
+def _delivered_at(messages: list[dict[str, Any]]) -> float:
+    """When SNS delivered the last of ``messages``: its SQS ``SentTimestamp``."""
+    return max(int(m["Attributes"]["SentTimestamp"]) for m in messages) / 1000
+
+
 @dataclass
 class Timed:
     started: float
@@ -122,9 +127,8 @@ class Timed:
 
     @property
     def elapsed(self) -> float:
-        """First webhook sent → last message delivered (its SQS ``SentTimestamp``)."""
-        last = max(int(m["Attributes"]["SentTimestamp"]) for m in self.messages) / 1000
-        return last - self.started
+        """First webhook sent → last message delivered."""
+        return _delivered_at(self.messages) - self.started
 
     @property
     def rate(self) -> float:
@@ -224,32 +228,6 @@ def run_minimal(args: argparse.Namespace, latency: float, moto: str, fake: str) 
         return _timed(server, sns, args)
 
 
-async def _raw_calls(url: str, calls: int, concurrency: int) -> float:
-    """Wall seconds for ``calls`` Messages API requests, C in flight, over plain aiohttp."""
-    body = orjson.dumps(
-        {
-            "model": "claude-sonnet-4-6",
-            "max_tokens": 512,
-            "system": "You triage GitHub events.",
-            "tools": [ALERT_TOOL],
-            "messages": [{"role": "user", "content": "event " + "x" * 1500}],
-        }
-    )
-    headers = {"content-type": "application/json", "anthropic-version": "2023-06-01"}
-    slots = asyncio.Semaphore(concurrency)
-    connector = aiohttp.TCPConnector(limit=concurrency)
-    async with aiohttp.ClientSession(base_url=url, connector=connector) as client:
-
-        async def one() -> None:
-            async with slots, client.post("/v1/messages", data=body, headers=headers) as reply:
-                assert orjson.loads(await reply.read())["stop_reason"] == "tool_use"
-
-        await asyncio.gather(*(one() for _ in range(concurrency)))  # connections open
-        started = time.perf_counter()
-        await asyncio.gather(*(one() for _ in range(calls)))
-        return time.perf_counter() - started
-
-
 def _claude_alone(args: argparse.Namespace, fake: str, latency: float) -> str:
     """Can the Claude stand-in itself answer at C/L here? The same number of calls, C in
     flight, from the SDK over the gateway's transport, and as plain HTTP requests: no
@@ -257,7 +235,7 @@ def _claude_alone(args: argparse.Namespace, fake: str, latency: float) -> str:
     total = args.keys * args.per_key
     limit = args.concurrency / latency
     _, sdk = uvloop.run(timed_calls("aiohttp", fake, total, args.concurrency))
-    raw = uvloop.run(_raw_calls(fake, total, args.concurrency))
+    _, raw = uvloop.run(plain_calls(fake, total, args.concurrency))
     return (
         f"the fake Claude alone, no eventgate: {total} calls with {args.concurrency} in flight "
         f"took {sdk:.2f} s from the SDK (aiohttp transport, as the gateway) = "
@@ -294,8 +272,7 @@ def _moto_alone(args: argparse.Namespace, moto: Server, rate: float) -> str:
             ],
         )
     drain.join()
-    last = max(int(m["Attributes"]["SentTimestamp"]) for m in got) / 1000
-    delivered = len(got) / (last - started)
+    delivered = len(got) / (_delivered_at(got) - started)
     per_message = (moto.cpu_seconds() - cpu) / total * 1000
     return (
         f"moto alone, no eventgate: {total} messages published at C/L = {rate:.0f}/s (PublishBatch "
@@ -378,8 +355,8 @@ def main() -> None:
                 f"- minimal pipeline, same run (`bench.minimal`: per-key order and C only, no "
                 f"signature check, Redis, database, dedup, limits or breaker; same SDK, fake "
                 f"Claude, moto, sender and subscriber): **{minimal.rate:.1f} events/s = "
-                f"{minimal.rate / limit:.3f} x C/L**, order "
-                f"{_check_order(minimal.messages, minimal.sent).split(':')[0]}, "
+                f"{minimal.rate / limit:.3f} x C/L**, per-key order "
+                f"{_check_order(minimal.messages, minimal.sent)}, "
                 f"{minimal.cpu / total * 1000:.1f} ms of CPU per event; eventgate reached "
                 f"**{timed.rate / minimal.rate:.1%}** of it"
             )
