@@ -69,6 +69,8 @@ class PipelineConfig(_Strict):
     provider: Literal["anthropic", "bedrock"] = "anthropic"
     # In-flight Claude calls of this pipeline in one process (the process limit still applies).
     max_concurrency: int | None = Field(default=None, ge=1)
+    # Tool calls one reply may make; calls beyond it are refused and recorded, not published.
+    max_tool_calls: int = Field(default=5, ge=1, le=100)
     budget: BudgetConfig | None = None
 
 

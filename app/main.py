@@ -44,6 +44,7 @@ from app.state import AppState
 from app.store.db import create_engine, session_factory
 from app.store.migrate import upgrade_head
 from app.store.retention import RetentionJob
+from app.supervision import Supervisor
 
 Role = Literal["serve", "api", "worker"]
 log = structlog.get_logger(__name__)
@@ -155,6 +156,7 @@ async def _build_state(
             aioboto3.Session().client("sns", region_name=settings.aws_region)
         )
         state.publisher = SnsPublisher(sns)
+    state.supervisor = Supervisor(restart_seconds=settings.task_restart_seconds)
     if role in ("serve", "worker"):
         _build_worker(state)
     return state
@@ -191,25 +193,30 @@ def _build_worker(state: AppState) -> None:
             ttl_ms=settings.lease_ttl_ms,
         ),
         process=processor.process,
+        give_up=processor.give_up,
         consumer=owner,
         concurrency=settings.worker_concurrency or 2 * settings.llm_max_concurrency,
         grace_seconds=settings.shutdown_grace_seconds,
+        max_failures=settings.max_deliveries,
+        supervisor=state.supervisor,
     )
 
 
 def _start_loops(state: AppState) -> None:
-    state.tasks.append(asyncio.create_task(state.backlog.run(), name="backlog"))
+    """Every background loop runs under the supervisor (``/readyz`` reports one that is down)."""
+    supervisor = state.supervisor
+    supervisor.start("backlog", state.backlog.run)
     if state.worker is not None:
-        state.tasks.append(asyncio.create_task(state.worker.run(), name="worker"))
+        state.worker.start()
     if state.relay is not None:
-        state.tasks.append(asyncio.create_task(state.relay.run(), name="relay"))
+        supervisor.start("relay", state.relay.run)
     if state.role != "api" and state.settings.retention_seconds > 0:
         retention = RetentionJob(
             sessions=state.sessions,
             max_age_seconds=state.settings.retention_seconds,
             interval_seconds=state.settings.retention_interval_seconds,
         )
-        state.tasks.append(asyncio.create_task(retention.run(), name="retention"))
+        supervisor.start("retention", retention.run)
 
 
 async def _dispose(engine: AsyncEngine) -> None:
@@ -223,13 +230,9 @@ async def _dispose(engine: AsyncEngine) -> None:
 
 
 async def _stop_loops(state: AppState) -> None:
-    """Stop taking work; give in-flight events the grace period; then cancel the rest."""
-    worker_task = next((t for t in state.tasks if t.get_name() == "worker"), None)
-    if state.worker is not None and worker_task is not None:
-        state.worker.stop()
+    """Stop taking work; give in-flight events the grace period; then stop every loop."""
+    if state.worker is not None:
         grace = state.settings.shutdown_grace_seconds + 5
-        with contextlib.suppress(TimeoutError, asyncio.CancelledError):
-            await asyncio.wait_for(asyncio.shield(worker_task), grace)
-    for task in state.tasks:
-        task.cancel()
-    await asyncio.gather(*state.tasks, return_exceptions=True)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(state.worker.shutdown(), grace)
+    await state.supervisor.stop_all()

@@ -37,10 +37,13 @@ class Settings(BaseSettings):
     # or prepare the next one, so the Claude slots do not wait for the database.
     worker_concurrency: int | None = Field(default=None, ge=1)
     llm_timeout_seconds: float = Field(default=60.0, gt=0)
-    llm_max_attempts: int = Field(default=4, ge=1)
     llm_max_tokens: int = Field(default=1024, ge=1)
-    # Stream deliveries of one event before it is dead-lettered as poison.
+    # Failed (or crashed) processings of one event before it is dead-lettered as poison;
+    # failures of an unavailable Redis or database do not count.
     max_deliveries: int = Field(default=5, ge=1)
+    # A supervised background loop that ended unexpectedly is restarted after this long
+    # (doubling on each restart in a row, up to 30 s).
+    task_restart_seconds: float = Field(default=1.0, gt=0)
     # A dead owner's partitions are taken over within about this long.
     lease_ttl_ms: int = Field(default=10_000, ge=500)
     # Backpressure: ingest answers 503 past either limit (0 turns a limit off).
@@ -72,9 +75,10 @@ class Settings(BaseSettings):
     llm_retry_base_seconds: float = Field(default=1.0, gt=0)
     llm_retry_cap_seconds: float = Field(default=30.0, gt=0)
     llm_retry_after_max_seconds: float = Field(default=60.0, gt=0)
-    # Time one event may spend in failing attempts and backoff (waits for an open breaker,
-    # the rate limiter or a budget do not count).
-    llm_event_deadline_seconds: float = Field(default=600.0, gt=0)
+    # Time one event may spend in failing attempts and backoff before it is dead-lettered
+    # (waits for an open breaker, the rate limiter or a budget do not count): two hours ride
+    # out a bad hour of an overloaded API.
+    llm_event_deadline_seconds: float = Field(default=7200.0, gt=0)
     llm_breaker_window_seconds: float = Field(default=30.0, gt=0)
     llm_breaker_min_calls: int = Field(default=5, ge=1)
     llm_breaker_failure_ratio: float = Field(default=0.5, gt=0, le=1)

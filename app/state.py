@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field
-from typing import Any
 
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
@@ -19,6 +17,7 @@ from app.queue.backlog import BacklogMonitor
 from app.queue.streams import EventQueue
 from app.queue.worker import QueueWorker
 from app.settings import Settings
+from app.supervision import Supervisor
 
 
 @dataclass
@@ -36,7 +35,7 @@ class AppState:
     publisher: SnsPublisher | None = None
     relay: OutboxRelay | None = None
     worker: QueueWorker | None = None
-    tasks: list[asyncio.Task[Any]] = field(default_factory=list)
+    supervisor: Supervisor = field(default_factory=Supervisor)
     # LLM call discipline (issue 4): Bedrock client, and the auth flag /readyz reads.
     bedrock: ClaudeClient | None = None
     llm_health: LlmHealth = field(default_factory=LlmHealth)

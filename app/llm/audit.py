@@ -1,21 +1,27 @@
 """Audit rows for Claude attempts: one per attempt, with cost, breaker state, prompt hash and
 the prompt/response text as ``EVENTGATE_LLM_AUDIT_TEXT`` says (``full|redacted|none``).
 
-Failure rows are committed as they happen; the row of the attempt whose tool calls are
-stored is committed by the pipeline in the same transaction as its outbox rows.
+A row is written before its call, with status ``unknown`` (so a process that dies during the
+call leaves an honest row, not none), and completed with the outcome after it: a failure at
+once, the reply of a call whose tool calls are stored in the same transaction as its outbox
+rows, or on its own when that transaction is refused (``superseded``).
 """
 
 from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.ingest.schemas import Event
 from app.llm.breaker import BreakerState
 from app.llm.client import ClaudeError, ClaudeReply, ClaudeRequest
 from app.llm.pricing import PriceTable, Usage
 from app.llm.redaction import TextMode, audit_text, prompt_hash
-from app.store.models import LlmCallRow
+from app.store.models import LlmCallRow, LlmCallStatus
+from app.store.repository import LlmCallRepository
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,31 +52,30 @@ class AuditRecorder:
     def cost_usd(self, reply: ClaudeReply) -> float:
         return self.prices.cost_usd(reply.model, usage_of(reply))
 
-    def failure_row(self, event: Event, attempt: Attempt, exc: ClaudeError) -> LlmCallRow:
+    def started_row(self, event: Event, attempt: Attempt, *, call_id: str) -> LlmCallRow:
         return LlmCallRow(
-            **self._common(event, attempt),
+            **self._common(event, attempt, call_id=call_id),
             model=attempt.request.model,
-            status="retry" if exc.retryable else "error",
-            request_id=exc.request_id,
-            latency_ms=exc.latency_ms,
+            status=LlmCallStatus.UNKNOWN,
+            latency_ms=0.0,
             tool_calls=[],
-            error_type=exc.error_type,
-            error=str(exc)[:2000],
             cost_usd=0.0,
         )
 
-    def reply_row(
-        self,
-        event: Event,
-        attempt: Attempt,
-        reply: ClaudeReply,
-        *,
-        status: str,
-        error: str | None,
-        call_id: str | None = None,
-    ) -> LlmCallRow:
-        return LlmCallRow(
-            **self._common(event, attempt, call_id=call_id),
+    def failure_outcome(self, attempt: Attempt, exc: ClaudeError) -> dict[str, Any]:
+        return _outcome(
+            model=attempt.request.model,
+            status=LlmCallStatus.RETRY if exc.retryable else LlmCallStatus.ERROR,
+            request_id=exc.request_id,
+            latency_ms=exc.latency_ms,
+            error_type=exc.error_type,
+            error=str(exc)[:2000],
+        )
+
+    def reply_outcome(
+        self, reply: ClaudeReply, *, status: str, error: str | None
+    ) -> dict[str, Any]:
+        return _outcome(
             model=reply.model,
             status=status,
             request_id=reply.request_id,
@@ -106,3 +111,42 @@ class AuditRecorder:
 
 def new_call_id() -> str:
     return f"llm_{uuid.uuid4().hex}"
+
+
+def _outcome(**given: Any) -> dict[str, Any]:
+    """Every outcome column: the given values, defaults for the others."""
+    return {
+        "request_id": None,
+        "input_tokens": 0,
+        "output_tokens": 0,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+        "stop_reason": None,
+        "tool_calls": [],
+        "error_type": None,
+        "error": None,
+        "cost_usd": 0.0,
+        "response_text": None,
+    } | given
+
+
+class AuditTrail:
+    """Writes the rows: each statement alone on an autocommit connection (one round trip), or
+    inside the caller's transaction (``complete_in``)."""
+
+    def __init__(self, *, engine: AsyncEngine, recorder: AuditRecorder) -> None:
+        self.autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
+        self.recorder = recorder
+
+    async def begin(self, event: Event, attempt: Attempt) -> str:
+        """The row of an attempt about to be made, outcome unknown; returns its id."""
+        call_id = new_call_id()
+        async with self.autocommit.connect() as connection:
+            await LlmCallRepository(connection).add(
+                self.recorder.started_row(event, attempt, call_id=call_id)
+            )
+        return call_id
+
+    async def complete(self, call_id: str, outcome: dict[str, Any]) -> None:
+        async with self.autocommit.connect() as connection:
+            await LlmCallRepository(connection).complete(call_id, outcome)

@@ -2,18 +2,22 @@
 
 Retries belong here (the SDK's are off): 408, 409, 429, 5xx, 529, timeouts and connection
 errors are retried with exponential backoff and full jitter, at least the (clamped)
-``retry-after``; anything else raises ``CallAbandoned`` and the event is dead-lettered.
+``retry-after``, until the event's deadline; anything else raises ``CallAbandoned`` and the
+event is dead-lettered.
 
 Waiting is never failing: while the model's breaker is open (and no fallback model is
 allowed), while the rate limiter or a ``wait`` budget says no, the call waits and the event
-stays queued. An event gives up only on failures made while the breaker was closed — after
-``max_attempts`` of them, or once its failing attempts and backoff exceed the event deadline
-— and only if the breaker is still closed then; otherwise the outage is the breaker's to
-handle and the event's count starts again. 429s and half-open probes never count.
+stays queued. An event gives up only on failures made while the breaker was closed, once its
+failing attempts and backoff exceed the event deadline (default two hours: an overloaded API's
+bad hour is ridden out), and only if the breaker is still closed then; otherwise the outage
+is the breaker's to handle and the event's count starts again. 429s and half-open probes
+never count.
 
-An attempt's Redis bookkeeping (rate-limit settle, breaker, budget) runs beside the database
-write of its outcome, never before it: Redis failing after Claude answered must not lose the
-audit row of a call that was made (and, for a success, paid for).
+Each attempt's audit row is written before the call (outcome unknown) and completed after
+it; the lease is checked just before, so a process that lost its lease does not pay for a
+call whose result it could not store. An attempt's Redis bookkeeping (rate-limit settle,
+breaker, budget) runs beside the database write of its outcome, never before it: Redis
+failing after Claude answered must not lose the outcome of a call that was made.
 """
 
 from __future__ import annotations
@@ -25,18 +29,17 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 
 import structlog
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.config import GatewayConfig, PipelineConfig
+from app.faults import Fence
 from app.ingest.schemas import Event
-from app.llm.audit import Attempt, AuditRecorder, usage_of
+from app.llm.audit import Attempt, AuditRecorder, AuditTrail, usage_of
 from app.llm.breaker import BreakerState, CircuitBreaker, Permit
 from app.llm.budget import BudgetLedger
 from app.llm.client import ClaudeClient, ClaudeError, ClaudeReply, ClaudeRequest
 from app.llm.health import LlmHealth
 from app.llm.ratelimit import RateLimiter, Reservation, estimate_input_tokens
 from app.observability.metrics import LLM_COST, LLM_DURATION, LLM_REQUESTS, LLM_TOKENS
-from app.store.repository import LlmCallRepository
 
 log = structlog.get_logger(__name__)
 AUTH_STATUSES = frozenset({401, 403})
@@ -48,12 +51,11 @@ class CallAbandoned(Exception):
 
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
-    max_attempts: int = 4
     base_seconds: float = 1.0
     cap_seconds: float = 30.0
     retry_after_max_seconds: float = 60.0
     call_timeout_seconds: float = 60.0
-    event_deadline_seconds: float = 600.0
+    event_deadline_seconds: float = 7200.0
     # Longest single sleep while waiting for a breaker or budget (then ask again).
     poll_seconds: float = 1.0
     budget_poll_seconds: float = 30.0
@@ -72,6 +74,7 @@ class CallResult:
 
     reply: ClaudeReply
     attempt: Attempt
+    call_id: str  # its audit row, written before the call, completed by the pipeline
     cost_usd: float
     pipeline: str
     permit: Permit
@@ -95,25 +98,25 @@ class GuardedCaller:
         self,
         *,
         config: GatewayConfig,
-        sessions: async_sessionmaker[AsyncSession],
         clients: Mapping[str, ClaudeClient],
         limiter: RateLimiter,
         breaker: CircuitBreaker,
         budgets: BudgetLedger,
         health: LlmHealth,
         audit: AuditRecorder,
+        trail: AuditTrail,
         slots: asyncio.Semaphore,
         retry: RetryPolicy,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.config = config
-        self.sessions = sessions
         self.clients = clients
         self.limiter = limiter
         self.breaker = breaker
         self.budgets = budgets
         self.health = health
         self.audit = audit
+        self.trail = trail
         self.slots = slots
         self.retry = retry
         self.sleep = sleep
@@ -124,13 +127,19 @@ class GuardedCaller:
         }
 
     async def call(
-        self, event: Event, request: ClaudeRequest, *, attempt: int, reason: str | None
+        self,
+        event: Event,
+        request: ClaudeRequest,
+        *,
+        attempt: int,
+        reason: str | None,
+        fence: Fence | None = None,
     ) -> CallResult:
         pipeline = self.config.pipelines[event.pipeline]
         client = self.clients.get(pipeline.provider)
         if client is None:
             raise CallAbandoned(f"provider {pipeline.provider!r} is not configured")
-        counted, retries, spent = 0, 0, 0.0
+        retries, spent = 0, 0.0
         while True:
             await self._admit_budget(event.pipeline, pipeline)
             model, permit = await self._permit(pipeline, preferred=request.model)
@@ -138,25 +147,24 @@ class GuardedCaller:
                 attempt, pipeline.provider, replace(request, model=model), permit.state, reason
             )
             reservation = await self._reserve(this.request)
+            call_id = await self._begin(event, this, reservation, fence)
             try:
                 reply = await self._attempt(event.pipeline, client, this.request, spent=spent)
             except ClaudeError as exc:
-                await self._after_failure(event, this, permit, reservation, exc)
+                await self._after_failure(call_id, this, permit, reservation, exc)
                 if not exc.retryable:
                     raise CallAbandoned(f"{exc.error_type}: {exc}") from exc
                 # A 429 is the limiter's to pace, an open breaker's failures the outage's:
                 # neither counts against the event.
                 counts = exc.status != 429 and permit.state is BreakerState.CLOSED
-                if counts:
-                    counted += 1
-                    spent += exc.latency_ms / 1000
-                if counted >= self.retry.max_attempts or spent >= self.retry.event_deadline_seconds:
+                spent += exc.latency_ms / 1000 if counts else 0.0
+                if spent >= self.retry.event_deadline_seconds:
                     if await self.breaker.state(pipeline.provider, model) is BreakerState.CLOSED:
                         raise CallAbandoned(
-                            f"gave up after {counted} failed attempts in {spent:.1f}s: "
-                            f"{exc.error_type}: {exc}"
+                            f"gave up after {spent:.0f}s of failing attempts (deadline "
+                            f"{self.retry.event_deadline_seconds:.0f}s): {exc.error_type}: {exc}"
                         ) from exc
-                    counted, spent = 0, 0.0  # an outage: the breaker is handling it
+                    spent = 0.0  # an outage: the breaker is handling it
                 retries += 1
                 delay = self.retry.backoff(retries, exc.retry_after)
                 spent += delay if counts else 0.0
@@ -176,6 +184,7 @@ class GuardedCaller:
             result = CallResult(
                 reply=reply,
                 attempt=this,
+                call_id=call_id,
                 cost_usd=self.audit.cost_usd(reply),
                 pipeline=event.pipeline,
                 permit=permit,
@@ -183,6 +192,20 @@ class GuardedCaller:
             )
             self._count_success(result)
             return result
+
+    async def _begin(
+        self, event: Event, this: Attempt, reservation: Reservation, fence: Fence | None
+    ) -> str:
+        """Check the lease, then write the attempt's row; on failure give the reservation back
+        (no call is made, so none may go unaudited)."""
+        try:
+            if fence is not None:
+                await fence.check()
+            return await self.trail.begin(event, this)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await self.limiter.settle(reservation, input_tokens=0, output_tokens=0, headers={})
+            raise
 
     async def _reserve(self, request: ClaudeRequest) -> Reservation:
         """Wait for the rate limit; a success's reservation is settled by ``account``, a
@@ -249,7 +272,7 @@ class GuardedCaller:
 
     async def _after_failure(
         self,
-        event: Event,
+        call_id: str,
         this: Attempt,
         permit: Permit,
         reservation: Reservation,
@@ -264,7 +287,8 @@ class GuardedCaller:
         ).inc()
         LLM_DURATION.observe(exc.latency_ms / 1000)
         await run_together(
-            self._record_failure(this, permit, reservation, exc), self._audit(event, this, exc)
+            self._record_failure(this, permit, reservation, exc),
+            self.trail.complete(call_id, self.audit.failure_outcome(this, exc)),
         )
 
     async def _record_failure(
@@ -279,11 +303,6 @@ class GuardedCaller:
         )
         if exc.status == 429:
             await self.limiter.hold(model, exc.retry_after if exc.retry_after is not None else 1.0)
-
-    async def _audit(self, event: Event, this: Attempt, exc: ClaudeError) -> None:
-        async with self.sessions() as session:
-            await LlmCallRepository(session).add(self.audit.failure_row(event, this, exc))
-            await session.commit()
 
     async def account(self, result: CallResult) -> None:
         """Settle the rate limit, close the breaker's books and charge the budget: three Redis

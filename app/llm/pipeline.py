@@ -1,11 +1,14 @@
 """Process one event: Claude with the pipeline's tools → validated tool calls in the outbox.
 
 Invariants:
-- every attempt (success, API error, timeout, invalid tool input) is an audit row; failed
-  attempts are committed as they happen (see ``caller.py`` for retries, breaker and limits);
+- every attempt (success, API error, timeout, invalid tool input) has an audit row, written
+  before the call and completed after it (see ``caller.py`` for retries, breaker and limits);
 - an invalid tool input gets one repair turn; still invalid → dead-lettered with the reason;
-- the successful attempt's audit row, the outbox rows and the event status are one
-  transaction, and the caller acks the stream entry only after it has committed;
+- the successful attempt's outcome, the outbox rows and the event status are one transaction,
+  and the caller acks the stream entry only after it has committed;
+- the store is fenced by the lease: a worker whose tenure is older than the latest one that
+  started the event is refused (``LeaseLost``, nothing stored but its audit row, marked
+  ``superseded``), and it learns so before calling Claude wherever it can;
 - once tool calls are stored, processing the event again never calls Claude again.
 """
 
@@ -17,26 +20,23 @@ from typing import Any
 import orjson
 import structlog
 from jsonschema import Draft202012Validator
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from app.config import GatewayConfig
+from app.faults import Fence, LeaseLost
 from app.ingest.schemas import Event
-from app.llm.audit import AuditRecorder, new_call_id
+from app.llm.audit import AuditTrail
 from app.llm.caller import CallAbandoned, CallResult, GuardedCaller, run_together
 from app.llm.client import ClaudeRequest
 from app.llm.prompts import render_event, system_blocks, tool_definitions
 from app.llm.tools import ToolCheck, check_tool_uses, repair_request
-from app.observability.metrics import (
-    DEAD_LETTERS,
-    DEDUP_HITS,
-    EVENTS_FINISHED,
-    GROUP_ID_DISAGREEMENTS,
-)
+from app.observability.metrics import DEDUP_HITS, EVENTS_FINISHED, GROUP_ID_DISAGREEMENTS
 from app.publish.ids import deduplication_id, resolve_group_id
-from app.store.models import EventStatus, OutboxRow
+from app.store.dead_letters import DeadLetters
+from app.store.models import EventStatus, LlmCallStatus, OutboxRow
 from app.store.repository import (
     EVENT_FIELDS,
-    DeadLetterRepository,
     EventRepository,
     LlmCallRepository,
     OutboxRepository,
@@ -55,9 +55,10 @@ class EventProcessor:
         self,
         *,
         config: GatewayConfig,
+        engine: AsyncEngine,
         sessions: async_sessionmaker[AsyncSession],
         caller: GuardedCaller,
-        audit: AuditRecorder,
+        trail: AuditTrail,
         max_deliveries: int,
         on_stored: Callable[[], None] = lambda: None,
     ) -> None:
@@ -65,27 +66,30 @@ class EventProcessor:
         self.sessions = sessions
         # start_delivery is one statement: on an autocommit connection it is one round trip
         # (no BEGIN, no COMMIT) and skips the ORM session, on every event's critical path.
-        engine: AsyncEngine = sessions.kw["bind"]
         self.autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
         self.caller = caller
-        self.audit = audit
+        self.trail = trail
+        self.dead_letters = DeadLetters(sessions=sessions)
         self.max_deliveries = max_deliveries
         self.on_stored = on_stored
         self.validators = {
             name: Draft202012Validator(tool.input_schema) for name, tool in config.tools.items()
         }
 
-    async def process(self, event: Event) -> None:
+    async def process(self, event: Event, fence: Fence | None = None) -> None:
         """Return once the event's outcome is committed (then the entry may be acked).
 
         May wait a long time (open breaker, rate limit, exhausted ``wait`` budget): that
         holds only this event's key lane, and the event stays queued meanwhile.
         """
         log_ = log.bind(event_id=event.id, source=event.source, group_key=event.group_key)
+        epoch = fence.epoch if fence is not None else 0
         stored: Sequence[OutboxRow] = ()
         attempts = 0
         async with self.autocommit.connect() as connection:
-            delivery = await start_delivery(connection, fields=_event_fields(event))
+            delivery = await start_delivery(connection, fields=_event_fields(event), epoch=epoch)
+        if delivery.fence > epoch:
+            raise LeaseLost(f"a later lease tenure (epoch {delivery.fence}) started the event")
         status, deliveries = delivery.status, delivery.deliveries
         if not delivery.first:
             async with self.sessions() as session:
@@ -98,13 +102,22 @@ class EventProcessor:
             log_.info("event_already_processed", status=status, stored_calls=len(stored))
             return
         if deliveries > self.max_deliveries:
-            await self._dead_letter(
-                event, stage="worker", reason=f"processing failed {deliveries - 1} times"
+            await self.dead_letters.add(
+                event.id,
+                stage="worker",
+                reason=f"processing failed {deliveries - 1} times",
+                epoch=epoch,
             )
             return
-        await self._decide(event, first_attempt=attempts + 1, log_=log_)
+        await self._decide(event, fence=fence, first_attempt=attempts + 1, log_=log_)
 
-    async def _decide(self, event: Event, *, first_attempt: int, log_: Any) -> None:
+    async def give_up(self, event: Event, reason: str) -> None:
+        """Dead-letter an event whose processing keeps failing (the worker's poison path)."""
+        await self.dead_letters.add_unprocessable(_event_fields(event), reason=reason)
+
+    async def _decide(
+        self, event: Event, *, fence: Fence | None, first_attempt: int, log_: Any
+    ) -> None:
         pipeline = self.config.pipelines[event.pipeline]
         request = ClaudeRequest(
             model=pipeline.model,
@@ -113,83 +126,96 @@ class EventProcessor:
             messages=[{"role": "user", "content": render_event(event)}],
             max_tokens=pipeline.max_tokens,
         )
+        epoch = fence.epoch if fence is not None else 0
         try:
-            result = await self.caller.call(event, request, attempt=first_attempt, reason=None)
+            result = await self.caller.call(
+                event, request, attempt=first_attempt, reason=None, fence=fence
+            )
             check = self._check(event, result)
             if check.invalid and result.reply.stop_reason not in NO_PUBLISH_STOPS:
-                await run_together(
-                    self._record_invalid(event, result, check), self.caller.account(result)
-                )
+                await run_together(self._record_invalid(result, check), self.caller.account(result))
                 result = await self.caller.call(
                     event,
                     repair_request(result.attempt.request, result.reply, check),
                     attempt=result.attempt.number + 1,
                     reason="repair: invalid tool input",
+                    fence=fence,
                 )
                 check = self._check(event, result)
         except CallAbandoned as exc:
-            await self._dead_letter(event, stage="llm", reason=str(exc))
+            await self.dead_letters.add(event.id, stage="llm", reason=str(exc), epoch=epoch)
             return
         # Side by side: the decision is stored even if Redis fails (the event is then retried,
         # finds it stored and does not call Claude again), and the store waits for no Redis.
         await run_together(
-            self._store(event, result=result, check=check, log_=log_), self.caller.account(result)
+            self._store(event, result=result, check=check, epoch=epoch, log_=log_),
+            self.caller.account(result),
         )
 
     def _check(self, event: Event, result: CallResult) -> ToolCheck:
-        offered = self.config.pipelines[event.pipeline].tools
-        return check_tool_uses(result.reply, offered=offered, validators=self.validators)
-
-    async def _record_invalid(self, event: Event, result: CallResult, check: ToolCheck) -> None:
-        error = "invalid tool input (repair requested): " + "; ".join(check.problems())
-        row = self.audit.reply_row(
-            event, result.attempt, result.reply, status="invalid_tool_input", error=error
+        pipeline = self.config.pipelines[event.pipeline]
+        return check_tool_uses(
+            result.reply,
+            offered=pipeline.tools,
+            validators=self.validators,
+            max_calls=pipeline.max_tool_calls,
         )
-        async with self.sessions() as session:
-            await LlmCallRepository(session).add(row)
-            await session.commit()
+
+    async def _record_invalid(self, result: CallResult, check: ToolCheck) -> None:
+        error = "invalid tool input (repair requested): " + "; ".join(check.problems())
+        outcome = self.trail.recorder.reply_outcome(
+            result.reply, status=LlmCallStatus.INVALID_TOOL_INPUT, error=error
+        )
+        await self.trail.complete(result.call_id, outcome)
 
     async def _store(
-        self, event: Event, *, result: CallResult, check: ToolCheck, log_: Any
+        self, event: Event, *, result: CallResult, check: ToolCheck, epoch: int, log_: Any
     ) -> None:
         reply = result.reply
-        call_id = new_call_id()
-        accepted, problems = check.accepted, check.problems()
-        notes = []
-        if check.refused:
-            notes.append(f"refused tools not offered: {', '.join(sorted(set(check.refused)))}")
+        accepted, problems, notes = check.accepted, check.problems(), check.notes()
         if reply.stop_reason in NO_PUBLISH_STOPS:
             notes.append(f"stop_reason {reply.stop_reason}: nothing published")
             accepted, problems = [], []
-        audit = self.audit.reply_row(
-            event,
-            result.attempt,
-            reply,
-            status="invalid_tool_input" if problems else "ok",
-            error="; ".join(problems + notes) or None,
-            call_id=call_id,
+        status = LlmCallStatus.INVALID_TOOL_INPUT if problems else LlmCallStatus.OK
+        outcome = self.trail.recorder.reply_outcome(
+            reply, status=status, error="; ".join(problems + notes) or None
         )
-        async with self.sessions() as session:
-            await LlmCallRepository(session).add(audit)
-            if problems:
-                await self._dead_letter_in(
-                    session,
-                    event,
-                    stage="llm",
-                    reason="invalid tool input after repair: " + "; ".join(problems),
-                )
+        rows = [
+            self._outbox_row(event, use, index, result.call_id, reply.model)
+            for index, use in enumerate(accepted)
+        ]
+        try:
+            async with self.sessions() as session:
+                await LlmCallRepository(session).complete(result.call_id, outcome)
+                if problems:
+                    reason = "invalid tool input after repair: " + "; ".join(problems)
+                    await self.dead_letters.add_in(
+                        session, event.id, stage="llm", reason=reason, epoch=epoch
+                    )
+                    await session.commit()
+                    DeadLetters.count(event.id, stage="llm", reason=reason)
+                    return
+                status = EventStatus.PROCESSING if rows else EventStatus.NO_ACTION
+                if not await EventRepository(session).set_status_fenced(
+                    event.id, status, epoch=epoch, error="; ".join(notes) or None
+                ):
+                    raise LeaseLost("a later lease tenure started the event: decision not stored")
+                await OutboxRepository(session).add_all(rows)
                 await session.commit()
-                return
-            rows = [
-                self._outbox_row(event, use, index, call_id, reply.model)
-                for index, use in enumerate(accepted)
-            ]
-            await OutboxRepository(session).add_all(rows)
-            status = EventStatus.PROCESSING if rows else EventStatus.NO_ACTION
-            await EventRepository(session).set_status(
-                event.id, status, error="; ".join(notes) or None
+        except (LeaseLost, IntegrityError) as exc:
+            # Another worker stored (or is storing) this event's decision: this paid call
+            # keeps its audit row, marked as the loser.
+            lost = (
+                f"superseded: {exc}"
+                if isinstance(exc, LeaseLost)
+                else "superseded: another worker stored this event's decision first"
             )
-            await session.commit()
+            superseded = {"status": LlmCallStatus.SUPERSEDED, "error": lost}
+            await self.trail.complete(result.call_id, outcome | superseded)
+            log_.warning("decision_superseded", reason=lost)
+            if isinstance(exc, LeaseLost):
+                raise
+            return
         if rows:
             self.on_stored()
         else:
@@ -197,8 +223,8 @@ class EventProcessor:
         log_.info(
             "llm_decided",
             model=reply.model,
-            tool_calls=len(rows),
-            refused=check.refused,
+            tools=[row.tool for row in rows],
+            refused=check.refused + list(check.over_limit.values()),
             stop_reason=reply.stop_reason,
             cost_usd=result.cost_usd,
         )
@@ -229,20 +255,6 @@ class EventProcessor:
             dedup_id=deduplication_id(event.id, index, event.generation),
             body=orjson.dumps(body).decode(),
         )
-
-    async def _dead_letter(self, event: Event, *, stage: str, reason: str) -> None:
-        async with self.sessions() as session:
-            await self._dead_letter_in(session, event, stage=stage, reason=reason)
-            await session.commit()
-
-    async def _dead_letter_in(
-        self, session: AsyncSession, event: Event, *, stage: str, reason: str
-    ) -> None:
-        DeadLetterRepository(session).add(event_id=event.id, stage=stage, reason=reason)
-        await EventRepository(session).set_status(event.id, EventStatus.DEAD_LETTERED, error=reason)
-        DEAD_LETTERS.labels(stage=stage).inc()
-        EVENTS_FINISHED.labels(status=EventStatus.DEAD_LETTERED).inc()
-        log.warning("event_dead_lettered", event_id=event.id, stage=stage, reason=reason)
 
 
 def _event_fields(event: Event) -> dict[str, Any]:

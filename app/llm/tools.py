@@ -1,13 +1,18 @@
 """Claude's tool calls against what the pipeline offered: refuse, validate, ask for a repair.
 
-A tool the pipeline did not offer is refused (recorded, never published). An input that does
-not match its tool's JSON schema gets one repair turn: every tool_use of the reply is
-answered with a tool_result (``is_error`` with the validation message for the invalid ones),
-and the repaired reply replaces the first one as the whole decision.
+A tool the pipeline did not offer is refused (recorded, never published), and so is every
+call beyond the pipeline's ``max_tool_calls``. An input that does not match its tool's JSON
+schema gets one repair turn: every tool_use of the reply is answered with a tool_result
+(``is_error`` with the validation message for the invalid ones), and the repaired reply
+replaces the first one as the whole decision. Keys that a tool's schema does not declare
+(``properties``/``patternProperties``) are dropped from an accepted input unless the schema
+allows them explicitly (``additionalProperties: true`` or a schema), so a reply cannot carry,
+say, a ``topic_arn`` into the published message.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -24,30 +29,101 @@ class ToolCheck:
     refused: list[str]
     # tool_use id → validation message, for offered tools whose input is invalid
     invalid: dict[str, str] = field(default_factory=dict)
+    # tool_use id → tool name, for calls beyond max_tool_calls
+    over_limit: dict[str, str] = field(default_factory=dict)
+    max_calls: int = 0
+    # "tool.key" paths dropped from accepted inputs: not declared by the tool's schema
+    dropped: list[str] = field(default_factory=list)
 
     def problems(self) -> list[str]:
         return list(self.invalid.values())
 
+    def notes(self) -> list[str]:
+        """What was refused or changed, for the audit row and the event's error field."""
+        notes = []
+        if self.refused:
+            notes.append(f"refused tools not offered: {', '.join(sorted(set(self.refused)))}")
+        if self.over_limit:
+            notes.append(
+                f"refused {len(self.over_limit)} tool call(s) beyond max_tool_calls "
+                f"({self.max_calls})"
+            )
+        if self.dropped:
+            notes.append(f"dropped undeclared input keys: {', '.join(self.dropped[:20])}")
+        return notes
+
 
 def check_tool_uses(
-    reply: ClaudeReply, *, offered: list[str], validators: dict[str, Draft202012Validator]
+    reply: ClaudeReply,
+    *,
+    offered: list[str],
+    validators: dict[str, Draft202012Validator],
+    max_calls: int,
 ) -> ToolCheck:
     accepted: list[dict[str, Any]] = []
     refused: list[str] = []
     invalid: dict[str, str] = {}
+    over_limit: dict[str, str] = {}
+    dropped: list[str] = []
     for use in reply.tool_uses():
         name = use.get("name")
         if name not in offered:
             refused.append(str(name))
             continue
-        errors = list(validators[name].iter_errors(use.get("input")))[:_MAX_ERRORS]
+        if len(accepted) + len(invalid) >= max_calls:
+            over_limit[str(use.get("id"))] = str(name)
+            continue
+        validator = validators[name]
+        errors = list(validator.iter_errors(use.get("input")))[:_MAX_ERRORS]
         if errors:
             where = [("/".join(str(p) for p in e.absolute_path) or "input") for e in errors]
             detail = "; ".join(f"{w}: {e.message}" for w, e in zip(where, errors, strict=True))
             invalid[str(use.get("id"))] = f"{name}: {detail}"
         else:
-            accepted.append(use)
-    return ToolCheck(accepted=accepted, refused=refused, invalid=invalid)
+            cleaned, extra = declared_only(validator.schema, use.get("input"))
+            dropped += [f"{name}.{path}" for path in extra]
+            accepted.append({**use, "input": cleaned})
+    return ToolCheck(
+        accepted=accepted,
+        refused=refused,
+        invalid=invalid,
+        over_limit=over_limit,
+        max_calls=max_calls,
+        dropped=dropped,
+    )
+
+
+def declared_only(schema: Any, value: Any, path: str = "") -> tuple[Any, list[str]]:
+    """``value`` without the object keys ``schema`` does not declare; the dropped paths.
+
+    An object schema with no ``properties`` declares nothing in particular and keeps all;
+    ``additionalProperties: true`` (or a schema) keeps undeclared keys explicitly."""
+    if not isinstance(schema, dict):
+        return value, []
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        kept, dropped = [], []
+        for index, item in enumerate(value):
+            clean, more = declared_only(schema["items"], item, f"{path}{index}.")
+            kept.append(clean)
+            dropped += more
+        return kept, dropped
+    properties = schema.get("properties")
+    if not isinstance(value, dict) or not isinstance(properties, dict):
+        return value, []
+    extra = schema.get("additionalProperties")
+    keep_extra = extra is True or isinstance(extra, dict)
+    patterns = [p for p in (schema.get("patternProperties") or {}) if isinstance(p, str)]
+    out: dict[str, Any] = {}
+    dropped = []
+    for key, item in value.items():
+        if key in properties:
+            out[key], more = declared_only(properties[key], item, f"{path}{key}.")
+            dropped += more
+        elif keep_extra or any(re.search(pattern, key) for pattern in patterns):
+            out[key] = item
+        else:
+            dropped.append(f"{path}{key}")
+    return out, dropped
 
 
 def repair_request(request: ClaudeRequest, reply: ClaudeReply, check: ToolCheck) -> ClaudeRequest:
@@ -60,6 +136,9 @@ def repair_request(request: ClaudeRequest, reply: ClaudeReply, check: ToolCheck)
                 f"Invalid input, nothing was done. {check.invalid[use_id]}. Call the tool "
                 "again with input that matches its input_schema."
             )
+            results.append(_result(use_id, text, error=True))
+        elif use_id in check.over_limit:
+            text = f"Not executed: at most {check.max_calls} tool calls per event."
             results.append(_result(use_id, text, error=True))
         elif use.get("name") in check.refused:
             results.append(_result(use_id, "This tool is not available here.", error=True))

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
 from app.config import GatewayConfig, ModelConfig
-from app.llm.audit import AuditRecorder
+from app.llm.audit import AuditRecorder, AuditTrail
 from app.llm.breaker import BreakerPolicy, CircuitBreaker
 from app.llm.budget import BudgetLedger
 from app.llm.caller import GuardedCaller, RetryPolicy
@@ -52,7 +52,6 @@ def _either(value: int | None, default: int) -> int:
 
 def retry_policy(settings: Settings) -> RetryPolicy:
     return RetryPolicy(
-        max_attempts=settings.llm_max_attempts,
         base_seconds=settings.llm_retry_base_seconds,
         cap_seconds=settings.llm_retry_cap_seconds,
         retry_after_max_seconds=settings.llm_retry_after_max_seconds,
@@ -84,23 +83,25 @@ def build_processor(state: AppState, *, on_stored: Callable[[], None]) -> EventP
     audit = AuditRecorder(
         prices=PriceTable.from_config(config), text_mode=cast(TextMode, settings.llm_audit_text)
     )
+    trail = AuditTrail(engine=state.engine, recorder=audit)
     caller = GuardedCaller(
         config=config,
-        sessions=state.sessions,
         clients=clients,
         limiter=RateLimiter(redis, prefix=prefix, limits=model_limits(settings, config)),
         breaker=CircuitBreaker(redis, prefix=prefix, policy=breaker_policy(settings)),
         budgets=BudgetLedger(redis, prefix=prefix),
         health=state.llm_health,
         audit=audit,
+        trail=trail,
         slots=asyncio.Semaphore(settings.llm_max_concurrency),
         retry=retry_policy(settings),
     )
     return EventProcessor(
         config=config,
+        engine=state.engine,
         sessions=state.sessions,
         caller=caller,
-        audit=audit,
+        trail=trail,
         max_deliveries=settings.max_deliveries,
         on_stored=on_stored,
     )

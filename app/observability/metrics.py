@@ -70,3 +70,10 @@ LLM_RATE_WAIT = Counter(
     "Time callers were told to wait by the shared rate limiter",
     ["model"],
 )
+# Supervised background loops.
+TASK_UP = Gauge("eventgate_task_up", "1 while a supervised background loop runs", ["task"])
+TASK_RESTARTS = Counter(
+    "eventgate_task_restarts_total",
+    "Supervised background loops restarted after an unexpected end",
+    ["task"],
+)

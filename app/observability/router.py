@@ -36,6 +36,7 @@ async def readiness(state: AppState) -> dict[str, str]:
         "redis": await _check(state.redis.ping()),
         "database": await _check(_ping_db(state)),
         "backlog": state.backlog.overloaded or "ok",
+        "tasks": _tasks(state),
         "llm": state.llm_health.describe()
         if state.claude is not None or state.bedrock is not None
         else "not configured: set ANTHROPIC_API_KEY (events are accepted and stay queued)",
@@ -50,6 +51,13 @@ async def readiness(state: AppState) -> dict[str, str]:
     return checks
 
 
+def _tasks(state: AppState) -> str:
+    down = state.supervisor.down()
+    if not down:
+        return "ok"
+    return "down: " + "; ".join(f"{name} ({why})" for name, why in sorted(down.items()))
+
+
 async def _ping_db(state: AppState) -> None:
     async with state.engine.connect() as conn:
         await conn.execute(text("SELECT 1"))
@@ -57,9 +65,12 @@ async def _ping_db(state: AppState) -> None:
 
 @router.get("/readyz")
 async def readyz(state: StateDep) -> JSONResponse:
-    """Ready when Redis and the database answer and Claude is configured."""
+    """Ready when Redis and the database answer, every background loop runs and Claude is
+    configured."""
     checks = await readiness(state)
-    required = ("redis", "database", "llm") if state.role != "api" else ("redis", "database")
+    required = ["redis", "database", "tasks"]
+    if state.role != "api":
+        required.append("llm")
     ready = all(checks[name] == "ok" for name in required)
     return JSONResponse(
         {"status": "ready" if ready else "not_ready", "checks": checks},

@@ -1,7 +1,8 @@
 """Partition leases: one owner per partition at a time, spread over live processes.
 
 A lease is ``SET {prefix}:{pN}:lease <owner>:<epoch> NX PX ttl``; the epoch comes from an
-INCR at acquisition, so a token names one tenure. The owner renews every ``ttl/4``; a process
+INCR at acquisition (never below Redis's clock in ms), so a token names one tenure and later
+tenures have larger epochs. The owner renews every ``ttl/4``; a process
 that dies stops renewing and its partitions are free after ``ttl`` (taken over on the next
 rebalance tick). Members announce themselves in a sorted set with a heartbeat; each takes at
 most ceil(partitions / live members) so load spreads as processes come and go. Acks are
@@ -14,17 +15,26 @@ the process was paused) it asks Redis. A clock that stopped while Redis's ran on
 suspended VM) could make it answer wrongly for up to half a TTL. The check only saves
 work, as it did before (a lease can also be lost just after a Redis check): the ack stays
 fenced in Redis, and an event processed twice is published once (unique outbox dedup ids).
+
+Every change of the lease set (``tick``, ``give_back_extras``, ``release``, ``release_all``)
+runs under one lock: the lease keeper and the read loop are separate tasks, and a partition
+given back while a renewal of it was on the wire must not be mistaken for, or crash on, a lost
+lease.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import random
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import structlog
 from redis.asyncio import Redis
+
+from app.faults import LeaseLost
 
 log = structlog.get_logger(__name__)
 
@@ -34,10 +44,18 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 return 0
 """
+# The epoch never goes back, even when Redis lost its data (restarted empty): it is at least
+# Redis's clock in milliseconds, so the database can keep fencing by it.
 _ACQUIRE = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return false end
+local now = redis.call('TIME')
+local floor = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 local epoch = redis.call('INCR', KEYS[2])
-local token = ARGV[1] .. ':' .. epoch
+if epoch < floor then
+  epoch = floor
+  redis.call('SET', KEYS[2], string.format('%d', epoch))
+end
+local token = ARGV[1] .. ':' .. string.format('%d', epoch)
 redis.call('SET', KEYS[1], token, 'PX', ARGV[2])
 return token
 """
@@ -45,6 +63,22 @@ _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseGuard:
+    """The lease one stream entry was read under: its epoch (tenures of a partition have
+    increasing epochs, so the store can refuse a stale owner's write) and a check that the
+    tenure still holds (a local clock check within half a TTL of the last renewal, else Redis).
+    """
+
+    partition: int
+    epoch: int
+    holds: Callable[[], Awaitable[bool]]
+
+    async def check(self) -> None:
+        if not await self.holds():
+            raise LeaseLost(f"the lease of partition {self.partition} moved to another process")
 
 
 @dataclass
@@ -66,9 +100,10 @@ class PartitionLeases:
         # partition → monotonic time a renewal or acquisition that succeeded was sent
         self._confirmed: dict[int, float] = {}
         self.share = partitions
+        self._lock = asyncio.Lock()
         self._renew = redis.register_script(_RENEW)
         self._acquire = redis.register_script(_ACQUIRE)
-        self._release = redis.register_script(_RELEASE)
+        self._release_script = redis.register_script(_RELEASE)
 
     @property
     def members_key(self) -> str:
@@ -94,6 +129,10 @@ class PartitionLeases:
         """Heartbeat, renew, give back extras (only idle ones, and only with ``give_back``),
         take free ones up to a share (unless ``acquire`` is False: a stopping process only
         keeps what it has)."""
+        async with self._lock:
+            return await self._tick(busy=busy or set(), acquire=acquire, give_back=give_back)
+
+    async def _tick(self, *, busy: set[int], acquire: bool, give_back: bool) -> LeaseChanges:
         changes = LeaseChanges()
         await self.redis.zadd(self.members_key, {self.owner: int(time.time() * 1000)})
         for partition, token in list(self.tokens.items()):
@@ -108,7 +147,7 @@ class PartitionLeases:
         share = math.ceil(self.partitions / await self.live_members())
         self.share = share
         if give_back:
-            changes.lost += await self.give_back_extras(busy=busy or set())
+            changes.lost += await self._give_back_extras(busy=busy)
         if acquire and len(self.tokens) < share:
             free = [p for p in range(self.partitions) if p not in self.tokens]
             random.shuffle(free)  # processes starting together should not collide in order
@@ -136,6 +175,10 @@ class PartitionLeases:
 
     async def give_back_extras(self, *, busy: set[int]) -> list[int]:
         """Release idle partitions held beyond the last computed share."""
+        async with self._lock:
+            return await self._give_back_extras(busy=busy)
+
+    async def _give_back_extras(self, *, busy: set[int]) -> list[int]:
         released: list[int] = []
         extra = len(self.tokens) - self.share
         for partition in sorted(self.tokens, reverse=True):
@@ -143,7 +186,7 @@ class PartitionLeases:
                 break
             if partition in busy:
                 continue
-            await self.release(partition)
+            await self._release(partition)
             released.append(partition)
             extra -= 1
         return released
@@ -160,13 +203,34 @@ class PartitionLeases:
             current = current.decode()
         return current == token
 
+    def guard(self, partition: int) -> LeaseGuard | None:
+        """A guard for work read under the current tenure of ``partition`` (None if not held)."""
+        token = self.tokens.get(partition)
+        if token is None:
+            return None
+
+        async def holds() -> bool:
+            return self.tokens.get(partition) == token and await self.still_owns(partition)
+
+        return LeaseGuard(partition, epoch_of(token), holds)
+
     async def release(self, partition: int) -> None:
+        async with self._lock:
+            await self._release(partition)
+
+    async def release_all(self) -> None:
+        async with self._lock:
+            for partition in list(self.tokens):
+                await self._release(partition)
+            await self.redis.zrem(self.members_key, self.owner)
+
+    async def _release(self, partition: int) -> None:
         token = self.tokens.pop(partition, None)
         self._confirmed.pop(partition, None)
         if token is not None:
-            await self._release(keys=[self.lease_key(partition)], args=[token])
+            await self._release_script(keys=[self.lease_key(partition)], args=[token])
 
-    async def release_all(self) -> None:
-        for partition in list(self.tokens):
-            await self.release(partition)
-        await self.redis.zrem(self.members_key, self.owner)
+
+def epoch_of(token: str) -> int:
+    """The tenure's epoch: tokens are ``<owner>:<epoch>``."""
+    return int(token.rsplit(":", 1)[1])

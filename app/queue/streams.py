@@ -29,11 +29,13 @@ return {1, ARGV[1]}
 """
 
 # Fenced ack: a worker whose lease tenure ended (ARGV[3] no longer the lease value) cannot ack.
+# The entry's failure count (KEYS[4]) goes with it.
 _ACK = """
 if ARGV[3] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[3] then return 0 end
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
 redis.call('XDEL', KEYS[1], ARGV[2])
 redis.call('DEL', KEYS[2])
+redis.call('HDEL', KEYS[4], ARGV[2])
 return 1
 """
 
@@ -68,6 +70,10 @@ class EventQueue:
     def dedup_key(self, partition: int, source: str, delivery_id: str) -> str:
         digest = hashlib.sha256(f"{source}\0{delivery_id}".encode()).hexdigest()[:32]
         return f"{self.prefix}:{{p{partition}}}:dedup:{digest}"
+
+    def failures_key(self, partition: int) -> str:
+        """Hash of entry id → processing failures, for the entries not yet acked."""
+        return f"{self.prefix}:{{p{partition}}}:failures"
 
     def queued_marker_key(self, partition: int, event_id: str) -> str:
         return f"{self.prefix}:{{p{partition}}}:queued:{event_id}"
@@ -148,14 +154,40 @@ class EventQueue:
             if cursor in (b"0-0", "0-0"):
                 return claimed
 
+    async def claim_foreign_pending(
+        self, *, consumer: str, partitions: list[int]
+    ) -> list[StreamEntry]:
+        """Entries of ``partitions`` pending with any other consumer, claimed for ``consumer``
+        (oldest first). One pipelined round trip when there are none, the common case."""
+        if not partitions:
+            return []
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for partition in partitions:
+                pipe.xpending(self.stream_key(partition), GROUP)
+            summaries = await pipe.execute()
+        claimed: list[StreamEntry] = []
+        for partition, summary in zip(partitions, summaries, strict=True):
+            others = [c for c in summary.get("consumers") or [] if _name(c["name"]) != consumer]
+            if any(int(c["pending"]) > 0 for c in others):
+                claimed += await self.claim_pending(
+                    consumer=consumer, partition=partition, min_idle_ms=0
+                )
+        return sorted(claimed, key=lambda e: _entry_order(e.entry_id))
+
+    async def record_failure(self, entry: StreamEntry) -> int:
+        """Count one failed processing of ``entry``; the total so far (kept until the ack)."""
+        count = await self.redis.hincrby(
+            self.failures_key(entry.partition), entry.entry_id.decode(), 1
+        )
+        return int(count)
+
     async def forget_idle_consumers(self, *, partition: int, keep: str) -> int:
         """Delete the group's other consumers that hold nothing (processes that left or were
         restarted): without this every process start leaves a name behind on every stream."""
         key = self.stream_key(partition)
         removed = 0
         for consumer in await self.redis.xinfo_consumers(key, GROUP):
-            name = consumer["name"]
-            name = name.decode() if isinstance(name, bytes) else str(name)
+            name = _name(consumer["name"])
             if name != keep and int(consumer["pending"]) == 0:
                 await self.redis.xgroup_delconsumer(key, GROUP, name)
                 removed += 1
@@ -168,6 +200,7 @@ class EventQueue:
                 self.stream_key(entry.partition),
                 self.queued_marker_key(entry.partition, event_id),
                 f"{self.prefix}:{{p{entry.partition}}}:lease",
+                self.failures_key(entry.partition),
             ],
             args=[GROUP, entry.entry_id, token or ""],
         )
@@ -204,3 +237,12 @@ class EventQueue:
             for mid, fields in messages:
                 entries.append(StreamEntry(partition, mid, fields[b"e"]))
         return entries
+
+
+def _name(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _entry_order(entry_id: bytes) -> tuple[int, int]:
+    millis, _, seq = entry_id.partition(b"-")
+    return int(millis), int(seq or 0)

@@ -1,13 +1,21 @@
 """The consumer loop: leased partition streams → key-ordered dispatcher → processor → ack.
 
 - Only partitions this process holds a lease on are read. On acquiring one, the entries its
-  previous owner left pending are claimed and dispatched before anything newer from it, so a
-  key's events keep their order across a takeover.
+  previous owner left pending are claimed and dispatched before anything newer from it. A
+  previous owner that wakes up after its lease moved (a stalled process) may still take
+  entries with a read it had already sent; after every read, entries of the partitions read
+  that are pending with another consumer (older than what was just read) are claimed and
+  dispatched first, so a key's events keep their order across a takeover.
 - An entry is acked only after ``process`` returned (its outcome is committed), and the ack
-  is fenced by the lease token: after losing a lease this process can no longer ack, and it
-  skips the partition's remaining buffered entries (the new owner has them).
-- ``stop`` stops reading, lets in-flight events finish within the grace period, then gives
-  the leases back so other processes take over at once instead of after the lease TTL.
+  is fenced by the lease token. Processing gets a ``LeaseGuard``: it checks the lease before
+  calling Claude, and the store refuses a write from an older tenure than the latest one that
+  started the event. After losing a lease this process skips the partition's buffered entries.
+- A failure of an unavailable dependency (Redis, the database) is retried in place and never
+  counts against the event. Any other failure is counted in Redis (per entry, across
+  restarts); at ``max_failures`` the event is handed to ``give_up`` (dead-lettered) and acked.
+- The read loop, the lease keeper and the dispatch runners are supervised loops.
+  ``shutdown`` stops reading, lets in-flight events finish within the grace period, then
+  gives the leases back so other processes take over at once instead of after the TTL.
 """
 
 from __future__ import annotations
@@ -21,14 +29,18 @@ import structlog
 from pydantic import ValidationError
 from redis.exceptions import RedisError
 
+from app.faults import LeaseLost, dependency_unavailable
 from app.ingest.schemas import Event
 from app.observability.metrics import DEAD_LETTERS
 from app.queue.dispatcher import KeyOrderedDispatcher
-from app.queue.leases import PartitionLeases
+from app.queue.leases import LeaseGuard, PartitionLeases
 from app.queue.streams import EventQueue, StreamEntry
+from app.supervision import Supervised, Supervisor
 
 log = structlog.get_logger(__name__)
 REDIS_ERRORS = (RedisError, OSError)
+Process = Callable[[Event, LeaseGuard], Awaitable[None]]
+GiveUp = Callable[[Event, str], Awaitable[None]]
 
 
 class QueueWorker:
@@ -37,22 +49,32 @@ class QueueWorker:
         *,
         queue: EventQueue,
         leases: PartitionLeases,
-        process: Callable[[Event], Awaitable[None]],
+        process: Process,
+        give_up: GiveUp,
         consumer: str,
         concurrency: int,
         grace_seconds: float,
+        max_failures: int = 5,
         max_buffered: int | None = None,
+        supervisor: Supervisor | None = None,
+        retry_delay: float = 1.0,
+        max_retry_delay: float = 30.0,
     ) -> None:
         self.queue = queue
         self.leases = leases
         self.process = process
+        self.give_up = give_up
         self.consumer = consumer
         self.grace_seconds = grace_seconds
+        self.max_failures = max_failures
+        self.supervisor = supervisor or Supervisor()
         self.tick_seconds = leases.ttl_ms / 4000
         self.dispatcher: KeyOrderedDispatcher[tuple[StreamEntry, Event]] = KeyOrderedDispatcher(
             self._handle,
             concurrency=concurrency,
             max_buffered=max_buffered or concurrency * 4,
+            retry_delay=retry_delay,
+            max_retry_delay=max_retry_delay,
         )
         self.reading: set[int] = set()
         self._stopping = asyncio.Event()
@@ -61,38 +83,59 @@ class QueueWorker:
         self._in_flight: Counter[int] = Counter()
         self._to_claim: list[int] = []
         self._next_orphan_check = 0.0
+        self._reader: Supervised | None = None
+        self._keeper: Supervised | None = None
+
+    @property
+    def in_flight(self) -> int:
+        """Entries handed to the dispatcher and not done yet."""
+        return len(self._held)
+
+    def start(self) -> None:
+        self.dispatcher.start(self.supervisor)
+        # Leases are kept by their own loop: the read loop may wait for buffer room for as
+        # long as processing is slow, and a lease must not expire meanwhile.
+        self._keeper = self.supervisor.start("lease-keeper", self._keep_leases)
+        self._reader = self.supervisor.start(
+            "read-loop", self._read_loop, until=self._stopping.is_set
+        )
 
     async def run(self) -> None:
-        self.dispatcher.start()
-        keeper: asyncio.Task[None] | None = None
-        try:
-            await self._wait_for_redis()
-            # Leases are kept by their own task: the read loop may wait for buffer room for
-            # as long as processing is slow, and a lease must not expire meanwhile.
-            keeper = asyncio.create_task(self._keep_leases(), name="lease-keeper")
-            while not self._stopping.is_set():
-                await self._give_back_extras()
-                await self._claim_acquired()
-                await self._reclaim_orphans()
-                await self._read_once(block_ms=500)
-        finally:
-            await self._drain(keeper)
+        """Start, work until ``stop()``, then shut down."""
+        self.start()
+        await self._stopping.wait()
+        await self.shutdown()
 
     def stop(self) -> None:
         self._stopping.set()
 
-    async def _drain(self, keeper: asyncio.Task[None] | None) -> None:
-        # The keeper goes on renewing (without taking new partitions) while in-flight
-        # events finish, so their acks are not fenced off by an expired lease.
+    async def shutdown(self) -> None:
+        """Stop reading; in-flight events get the grace period; then give the leases back."""
+        self._stopping.set()
+        if self._reader is not None:
+            try:
+                async with asyncio.timeout(5):  # the read in progress ends within 0.5 s
+                    await self._reader.wait()
+            except TimeoutError:
+                await self._reader.stop()
+        # The keeper goes on renewing (without taking new partitions) while in-flight events
+        # finish, so their acks are not fenced off by an expired lease.
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.dispatcher.wait_idle(), self.grace_seconds)
-        if keeper is not None:
-            keeper.cancel()
-            await asyncio.gather(keeper, return_exceptions=True)
+        if self._keeper is not None:
+            await self._keeper.stop()
         await self.dispatcher.stop()
         with contextlib.suppress(*REDIS_ERRORS):
             await self.leases.release_all()
         log.info("worker_stopped", unfinished=len(self._held))
+
+    async def _read_loop(self) -> None:
+        await self._wait_for_redis()
+        while not self._stopping.is_set():
+            await self._give_back_extras()
+            await self._claim_acquired()
+            await self._reclaim_orphans()
+            await self._read_once(block_ms=500)
 
     async def _wait_for_redis(self) -> None:
         delay = 0.5
@@ -106,11 +149,7 @@ class QueueWorker:
                 delay = min(delay * 2, 10)
 
     async def _keep_leases(self) -> None:
-        """Renews until cancelled. Like the relay's loop it also checks ``cancelling()``: a
-        cancel swallowed below (seen once at shutdown: the stop then waited out the whole
-        grace period) must still end it."""
-        task = asyncio.current_task()
-        while task is None or not task.cancelling():
+        while True:
             busy = {p for p, n in self._in_flight.items() if n > 0}
             try:
                 # Giving partitions back is left to the read loop, between two reads: a
@@ -125,7 +164,6 @@ class QueueWorker:
                 self.reading.difference_update(changes.lost)
                 self._to_claim.extend(changes.acquired)
             await asyncio.sleep(self.tick_seconds)
-        raise asyncio.CancelledError
 
     async def _give_back_extras(self) -> None:
         busy = {p for p, n in self._in_flight.items() if n > 0}
@@ -199,12 +237,18 @@ class QueueWorker:
                 count=-(-room // len(self.reading)),
                 block_ms=block_ms,
             )
+            stale = await self.queue.claim_foreign_pending(
+                consumer=self.consumer, partitions=sorted({e.partition for e in entries})
+            )
         except REDIS_ERRORS as exc:
             log.warning("queue_read_failed", error=type(exc).__name__)
             await asyncio.sleep(1)
             await self._wait_for_redis()
             return
-        for entry in entries:
+        if stale:
+            log.warning("stale_owner_entries_claimed", entries=len(stale))
+        # What a stale owner took was delivered before what this read got: it goes first.
+        for entry in [*stale, *entries]:
             await self._submit(entry)
 
     async def _submit(self, entry: StreamEntry) -> None:
@@ -228,12 +272,36 @@ class QueueWorker:
         with structlog.contextvars.bound_contextvars(
             event_id=event.id, source=event.source, partition=entry.partition
         ):
-            if await self.leases.still_owns(entry.partition):
-                await self.process(event)
-                token = self.leases.tokens.get(entry.partition)
-                if token is None or not await self.queue.ack(entry, event.id, token=token):
-                    log.warning("ack_fenced")
-            else:
-                log.info("entry_skipped_lease_lost")
+            guard = self.leases.guard(entry.partition)
+            if guard is not None and await guard.holds():
+                with contextlib.suppress(LeaseLost):
+                    await self._process(entry, event, guard)
+                    if not await self.queue.ack(entry, event.id, token=self._token(guard)):
+                        log.warning("ack_fenced")
+                    self._done(entry)
+                    return
+            log.info("entry_skipped_lease_lost")
+        self._done(entry)
+
+    async def _process(self, entry: StreamEntry, event: Event, guard: LeaseGuard) -> None:
+        try:
+            await self.process(event, guard)
+        except LeaseLost:
+            raise
+        except Exception as exc:
+            if dependency_unavailable(exc):
+                raise  # not the event's fault: retried in place, not counted
+            failures = await self.queue.record_failure(entry)
+            if failures < self.max_failures:
+                raise
+            log.error("event_gave_up", failures=failures, exc_info=exc)
+            await self.give_up(
+                event, f"processing failed {failures} times; last: {type(exc).__name__}: {exc}"
+            )
+
+    def _token(self, guard: LeaseGuard) -> str:
+        return self.leases.tokens.get(guard.partition, "")
+
+    def _done(self, entry: StreamEntry) -> None:
         self._held.discard((entry.partition, entry.entry_id))
         self._in_flight[entry.partition] -= 1

@@ -60,6 +60,21 @@ class EventRow(Base):
     error: Mapped[str | None] = mapped_column(Text, default=None)
     # Times an operator replayed the event; the current generation of its outbox rows.
     replays: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Lease epoch of the latest worker tenure that started processing it (see the worker).
+    fence: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+
+
+class LlmCallStatus:
+    """``unknown`` is written before the call and completed after it: a row left ``unknown``
+    is an attempt whose process died (or lost the database) before the outcome was known."""
+
+    UNKNOWN = "unknown"
+    OK = "ok"
+    RETRY = "retry"
+    ERROR = "error"
+    INVALID_TOOL_INPUT = "invalid_tool_input"
+    # The call succeeded, but another worker had already stored this event's decision.
+    SUPERSEDED = "superseded"
 
 
 class LlmCallRow(Base):

@@ -64,6 +64,7 @@ def _start_delivery(insert: Any) -> Any:
                 "status": EventStatus.PROCESSING,
                 "deliveries": 1,
                 "replays": 0,
+                "fence": bindparam("epoch"),
                 "updated_at": bindparam("now"),
             }
         )
@@ -76,9 +77,13 @@ def _start_delivery(insert: Any) -> Any:
                     (EVENTS.c.status == EventStatus.QUEUED, EventStatus.PROCESSING),
                     else_=EVENTS.c.status,
                 ),
+                "fence": case(
+                    (EVENTS.c.fence > bindparam("epoch"), EVENTS.c.fence),
+                    else_=bindparam("epoch"),
+                ),
             },
         )
-        .returning(EVENTS.c.status, EVENTS.c.deliveries, EVENTS.c.replays)
+        .returning(EVENTS.c.status, EVENTS.c.deliveries, EVENTS.c.replays, EVENTS.c.fence)
     )
 
 
@@ -94,6 +99,30 @@ SET_STATUS = (
     .where(EVENTS.c.id == bindparam("event_id"))
     .values(status=bindparam("status"), error=bindparam("error"), updated_at=bindparam("now"))
 )
+# The same, only while no later lease tenure than ``epoch`` has started the event.
+SET_STATUS_FENCED = SET_STATUS.where(EVENTS.c.fence <= bindparam("epoch"))
+# What an attempt's outcome fills in on its row (written before the call with status unknown).
+OUTCOME_FIELDS = (
+    "model",
+    "status",
+    "request_id",
+    "latency_ms",
+    "input_tokens",
+    "output_tokens",
+    "cache_creation_input_tokens",
+    "cache_read_input_tokens",
+    "stop_reason",
+    "tool_calls",
+    "error_type",
+    "error",
+    "cost_usd",
+    "response_text",
+)
+COMPLETE_LLM_CALL = (
+    update(LLM_CALLS)
+    .where(LLM_CALLS.c.id == bindparam("call_id"))
+    .values({name: bindparam(f"v_{name}") for name in OUTCOME_FIELDS})
+)
 INSERT_LLM_CALL = insert(LLM_CALLS)
 INSERT_OUTBOX = insert(OUTBOX)
 
@@ -103,6 +132,7 @@ class Delivery:
     status: str
     deliveries: int  # of this generation (a replay starts counting again)
     replays: int
+    fence: int  # the latest lease epoch that started the event (this one's, or a later one)
 
     @property
     def first(self) -> bool:
@@ -110,8 +140,11 @@ class Delivery:
         return self.deliveries == 1 and self.replays == 0
 
 
-async def start_delivery(connection: AsyncConnection, *, fields: dict[str, Any]) -> Delivery:
-    """Insert the event on first delivery, count every delivery: one upsert.
+async def start_delivery(
+    connection: AsyncConnection, *, fields: dict[str, Any], epoch: int = 0
+) -> Delivery:
+    """Insert the event on first delivery, count every delivery, raise its fence to the lease
+    ``epoch`` of this delivery: one upsert.
 
     The upsert takes the row's write lock (SQLite) or row lock (PostgreSQL) and returns
     the latest committed status, so it sees a replay committed meanwhile (an operator
@@ -123,9 +156,9 @@ async def start_delivery(connection: AsyncConnection, *, fields: dict[str, Any])
     """
     dialect = connection.dialect.name
     statement = START_DELIVERY["postgresql" if dialect == "postgresql" else "sqlite"]
-    result = await connection.execute(statement, {**fields, "now": utcnow()})
-    status, deliveries, replays = result.one()
-    return Delivery(status, deliveries, replays)
+    result = await connection.execute(statement, {**fields, "epoch": epoch, "now": utcnow()})
+    status, deliveries, replays, fence = result.one()
+    return Delivery(status, deliveries, replays, fence)
 
 
 class EventRepository:
@@ -143,6 +176,23 @@ class EventRepository:
             SET_STATUS, {"event_id": event_id, "status": status, "error": error, "now": utcnow()}
         )
 
+    async def set_status_fenced(
+        self, event_id: str, status: str, *, epoch: int, error: str | None = None
+    ) -> bool:
+        """Set the status unless a lease tenure later than ``epoch`` has started the event;
+        False when refused (the caller rolls back)."""
+        result = await self.session.execute(
+            SET_STATUS_FENCED,
+            {
+                "event_id": event_id,
+                "status": status,
+                "error": error,
+                "now": utcnow(),
+                "epoch": epoch,
+            },
+        )
+        return bool(getattr(result, "rowcount", 0))
+
     async def finish_published(self, event_ids: Sequence[str]) -> list[datetime]:
         """``processing`` → ``published`` for these events; their ``received_at`` times."""
         if not event_ids:
@@ -157,11 +207,21 @@ class EventRepository:
 
 
 class LlmCallRepository:
-    def __init__(self, session: AsyncSession) -> None:
+    """Takes a session (a unit of work) or an autocommit connection (one statement alone)."""
+
+    def __init__(self, session: AsyncSession | AsyncConnection) -> None:
         self.session = session
 
     async def add(self, row: LlmCallRow) -> None:
         await self.session.execute(INSERT_LLM_CALL, [_column_values(row)])
+
+    async def complete(self, call_id: str, outcome: dict[str, Any]) -> None:
+        """Fill in the outcome (every one of ``OUTCOME_FIELDS``) of an attempt whose row was
+        written before the call."""
+        await self.session.execute(
+            COMPLETE_LLM_CALL,
+            {"call_id": call_id} | {f"v_{name}": outcome[name] for name in OUTCOME_FIELDS},
+        )
 
     async def count_for_event(self, event_id: str) -> int:
         result = await self.session.scalar(

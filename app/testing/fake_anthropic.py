@@ -4,9 +4,12 @@ first-run walkthrough and benchmarks (point ``ANTHROPIC_BASE_URL`` at it).
 By default it answers every request by calling the first offered tool with an input built
 from the tool's schema (plus the event type and group parsed from the prompt). ``faults`` is
 a list of HTTP statuses returned, one per request, before normal answers resume;
-``fail_every`` fails every n-th request and ``down_until`` (a ``time.monotonic()`` value)
-fails every request until then. Usage reports the system prompt and tools as a cache write
-the first time a prefix is seen and as a cache read afterwards, like prompt caching does.
+``fail_every`` fails every n-th request, ``fail_ratio`` a random share of them (with a
+status drawn from ``fail_statuses``; ``slow_ratio`` makes a share answer only after
+``slow_seconds``, past a client's timeout), and ``down_until`` (a ``time.monotonic()`` value)
+fails every request until then. ``answered`` keeps the request id of every answer. Usage
+reports the system prompt and tools as a cache write the first time a prefix is seen and as a
+cache read afterwards, like prompt caching does.
 
     python -m app.testing.fake_anthropic --port 8787 --latency 0.2
 """
@@ -46,6 +49,13 @@ class FakeBehaviour:
     # Until this time.monotonic() value every request fails with down_status.
     down_until: float = 0.0
     down_status: int = 529
+    # A random share of requests fails (status drawn from fail_statuses) or is slow.
+    fail_ratio: float = 0.0
+    fail_statuses: tuple[int, ...] = (429, 500, 503, 529)
+    slow_ratio: float = 0.0
+    slow_seconds: float = 0.0
+    # The request id of every answer, error or not.
+    answered: list[str] = field(default_factory=list)
     # Extra headers on successful answers (e.g. anthropic-ratelimit-*).
     headers: dict[str, str] = field(default_factory=dict)
     # (time.monotonic() when received, HTTP status answered) per request.
@@ -59,6 +69,8 @@ class FakeBehaviour:
             return self.down_status
         if self.fail_every and number % self.fail_every == 0:
             return self.fail_status
+        if self.fail_ratio and random.random() < self.fail_ratio:
+            return random.choice(self.fail_statuses)
         return None
 
     def usage(self, body: dict[str, Any]) -> dict[str, int]:
@@ -119,9 +131,12 @@ def build_app(behaviour: FakeBehaviour) -> Starlette:
         behaviour.max_in_flight = max(behaviour.max_in_flight, behaviour.in_flight)
         try:
             delay = behaviour.latency + random.uniform(0, behaviour.jitter)
+            if behaviour.slow_ratio and random.random() < behaviour.slow_ratio:
+                delay += behaviour.slow_seconds
             if delay:
                 await asyncio.sleep(delay)
             request_id = f"req_fake_{uuid.uuid4().hex[:16]}"
+            behaviour.answered.append(request_id)
             if fault is not None:
                 status = fault
                 kind = {

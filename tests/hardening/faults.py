@@ -162,12 +162,14 @@ async def _throttle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) 
 
 
 class PrivateRedis:
-    """A throwaway ``redis-server`` (no persistence) on a free port."""
+    """A throwaway ``redis-server`` on a free port: no persistence, or with ``aof=True`` an
+    append-only file fsynced on every write, so a restart after a kill keeps everything."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, *, aof: bool = False) -> None:
         self.binary = shutil.which("redis-server") or "redis-server"
         self.port = free_port()
         self.workdir = workdir
+        self.aof = aof
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -178,7 +180,12 @@ class PrivateRedis:
         self.proc = subprocess.Popen(
             [
                 *(self.binary, "--port", str(self.port), "--bind", "127.0.0.1"),
-                *("--save", "", "--appendonly", "no", "--dir", str(self.workdir)),
+                *("--save", "", "--dir", str(self.workdir)),
+                *(
+                    ("--appendonly", "yes", "--appendfsync", "always")
+                    if self.aof
+                    else ("--appendonly", "no")
+                ),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

@@ -15,7 +15,7 @@ from app.config import load_config
 from app.ingest.schemas import Event
 from app.main import create_app
 from app.queue.connection import connect_redis
-from app.queue.leases import PartitionLeases
+from app.queue.leases import LeaseGuard, PartitionLeases
 from app.queue.streams import GROUP, EventQueue
 from app.queue.worker import QueueWorker
 from app.settings import Settings
@@ -80,9 +80,12 @@ async def test_a_worker_reads_no_more_than_its_buffer(redis_url: str, redis_pref
     gate = asyncio.Event()
     done: list[str] = []
 
-    async def process(event: Event) -> None:
+    async def process(event: Event, _: LeaseGuard) -> None:
         await gate.wait()
         done.append(event.id)
+
+    async def give_up(event: Event, reason: str) -> None:
+        raise AssertionError(f"gave up on {event.id}: {reason}")
 
     worker = QueueWorker(
         queue=queue,
@@ -90,6 +93,7 @@ async def test_a_worker_reads_no_more_than_its_buffer(redis_url: str, redis_pref
         # renew (a known gap, see the hardening report); this test is about the bound only.
         leases=PartitionLeases(redis, prefix=redis_prefix, partitions=4, owner="w", ttl_ms=60_000),
         process=process,
+        give_up=give_up,
         consumer="w",
         concurrency=4,
         grace_seconds=5,

@@ -15,11 +15,11 @@ import orjson
 from anthropic import AsyncAnthropic
 from redis.asyncio import Redis
 from sqlalchemy import select
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from app.config import GatewayConfig, parse_config
 from app.ingest.schemas import Event
-from app.llm.audit import AuditRecorder
+from app.llm.audit import AuditRecorder, AuditTrail
 from app.llm.breaker import CircuitBreaker
 from app.llm.budget import BudgetLedger
 from app.llm.caller import GuardedCaller
@@ -196,9 +196,11 @@ def build(
     ledger = budgets(redis, prefix=prefix, clock=clock)
     audit = AuditRecorder(prices=PriceTable.from_config(config), text_mode=s.llm_audit_text)  # type: ignore[arg-type]
     anthropic = ClaudeClient(AsyncAnthropic(api_key="sk-ant-test", base_url=BASE, max_retries=0))
+    engine = sessions().bind
+    assert isinstance(engine, AsyncEngine)
+    trail = AuditTrail(engine=engine, recorder=audit)
     caller = GuardedCaller(
         config=config,
-        sessions=sessions,
         clients=clients if clients is not None else {"anthropic": anthropic},
         limiter=RateLimiter(
             redis, prefix=prefix, limits=model_limits(s, config), clock=clock, sleep=sleeps
@@ -207,11 +209,17 @@ def build(
         budgets=ledger,
         health=health,
         audit=audit,
+        trail=trail,
         slots=asyncio.Semaphore(s.llm_max_concurrency),
         retry=retry_policy(s),
         sleep=sleeps,
     )
     processor = EventProcessor(
-        config=config, sessions=sessions, caller=caller, audit=audit, max_deliveries=5
+        config=config,
+        engine=engine,
+        sessions=sessions,
+        caller=caller,
+        trail=trail,
+        max_deliveries=5,
     )
     return Harness(processor, caller, sessions, clock, sleeps, health, ledger, config)

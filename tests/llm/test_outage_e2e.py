@@ -44,7 +44,6 @@ def _gateway(
         llm_max_concurrency=8,
         # One event hitting four "every 3rd" failures in a row is a real dead-letter under
         # the default of 4; this run is about the outage, so give events more room.
-        llm_max_attempts=10,
         llm_retry_base_seconds=0.05,
         llm_retry_cap_seconds=0.5,
         llm_breaker_window_seconds=10,

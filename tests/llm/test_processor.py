@@ -105,23 +105,41 @@ async def test_auth_errors_dead_letter_and_fail_readiness_until_a_call_succeeds(
     assert harness.health.describe() == "ok"
 
 
-async def test_gives_up_after_max_attempts_while_the_breaker_stays_closed(
+async def test_transient_errors_are_retried_past_any_fixed_count_while_the_breaker_is_closed(
+    api: respx.Router, sessions: async_sessionmaker[AsyncSession], redis: Redis, redis_prefix: str
+) -> None:
+    h = build(sessions=sessions, redis=redis, prefix=redis_prefix, llm_breaker_min_calls=100)
+    faults = [error(500), error(529), error(429), error(503), error(500), error(529)]
+    script = _script(api, *faults, reply())
+    event = make_event()
+    await h.processor.process(event)
+    out = await h.rows(event.id)
+    assert len(script.bodies) == 7  # was: dead-lettered after the fourth failure
+    assert out.dead == []
+    assert len(out.outbox) == 1
+    assert [c.status for c in out.calls] == ["retry"] * 6 + ["ok"]
+
+
+async def test_gives_up_once_failing_attempts_pass_the_event_deadline(
     api: respx.Router, sessions: async_sessionmaker[AsyncSession], redis: Redis, redis_prefix: str
 ) -> None:
     h = build(
         sessions=sessions,
         redis=redis,
         prefix=redis_prefix,
-        llm_max_attempts=3,
-        llm_breaker_min_calls=100,
+        llm_breaker_min_calls=1000,
+        llm_breaker_consecutive_failures=1000,
+        llm_event_deadline_seconds=120,
     )
     script = _script(api, error(500))
     event = make_event()
     await h.processor.process(event)
     out = await h.rows(event.id)
-    assert len(script.bodies) == 3
     assert out.event.status == "dead_lettered"
-    assert out.dead[0].reason.startswith("gave up after 3 failed attempts")
+    assert out.dead[0].reason.startswith("gave up after")
+    assert "deadline 120s" in out.dead[0].reason
+    assert sum(h.sleeps.delays) >= 100  # about the deadline of backoff, in fake time
+    assert len(out.calls) == len(script.bodies)  # every attempt has its row
 
 
 async def test_an_open_breaker_makes_events_wait_never_dead_letters(
@@ -132,7 +150,7 @@ async def test_an_open_breaker_makes_events_wait_never_dead_letters(
         redis=redis,
         prefix=redis_prefix,
         text=config_text(fallback=False),
-        llm_max_attempts=2,
+        llm_event_deadline_seconds=1,
         llm_breaker_min_calls=2,
         llm_breaker_cooldown_seconds=15,
     )
@@ -141,7 +159,7 @@ async def test_an_open_breaker_makes_events_wait_never_dead_letters(
     await h.processor.process(event)
     out = await h.rows(event.id)
     # Two failures open the breaker; the first probe after the cooldown fails and reopens
-    # it; the second probe succeeds. max_attempts (2) was reached, yet nothing dead-letters.
+    # it; the second probe succeeds. The deadline (1 s) was passed, yet nothing dead-letters.
     assert len(script.bodies) == 4
     assert out.dead == []
     assert len(out.outbox) == 1

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.queue.dispatcher import KeyOrderedDispatcher
+from app.supervision import Supervisor
 
 Item = tuple[str, int]
 
@@ -53,7 +54,7 @@ def test_any_interleaving_keeps_per_key_order_and_no_cross_key_waiting(
         dispatcher: KeyOrderedDispatcher[Item] = KeyOrderedDispatcher(
             recorder.handle, concurrency=concurrency, max_buffered=len(arrivals)
         )
-        dispatcher.start()
+        dispatcher.start(Supervisor())
         items: list[Item] = []
         counts: dict[str, int] = {}
         for key in arrivals:
@@ -103,7 +104,7 @@ async def test_failed_item_is_retried_in_place_before_later_items_of_its_key() -
     dispatcher: KeyOrderedDispatcher[Item] = KeyOrderedDispatcher(
         flaky, concurrency=2, max_buffered=10, retry_delay=0.001, max_retry_delay=0.01
     )
-    dispatcher.start()
+    dispatcher.start(Supervisor())
     for item in [("a", 1), ("a", 2), ("b", 1)]:
         await dispatcher.submit(item[0], item)
     await asyncio.wait_for(dispatcher.wait_idle(), 5)
@@ -121,7 +122,7 @@ async def test_submit_waits_when_the_buffer_is_full() -> None:
     dispatcher: KeyOrderedDispatcher[Item] = KeyOrderedDispatcher(
         blocked, concurrency=1, max_buffered=2
     )
-    dispatcher.start()
+    dispatcher.start(Supervisor())
     await dispatcher.submit("a", ("a", 1))
     await dispatcher.submit("b", ("b", 1))
     assert dispatcher.free_slots() == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -154,3 +155,46 @@ async def test_still_owns_trusts_a_fresh_renewal_and_asks_redis_once_it_is_old(
     assert not await a.still_owns(0)
     await redis.delete(a.lease_key(1))
     assert await a.still_owns(1)  # fresh renewal: local answer
+
+
+class _ReleaseDuringRenew(Redis):
+    """A real client whose first lease renewal lets the read loop give a partition back while
+    the renewal is on the wire: the interleaving that killed the lease keeper."""
+
+    leases: PartitionLeases | None = None
+    giving_back: asyncio.Task[list[int]] | None = None
+
+    async def evalsha(self, sha: str, numkeys: int, *args: object) -> object:
+        # A renewal is the one-key script called with (key, token, ttl).
+        renewing = numkeys == 1 and len(args) == 3 and str(args[0]).endswith(":lease")
+        if renewing and self.leases is not None and self.giving_back is None:
+            # The read loop's task runs as far as it can while this renewal waits.
+            self.giving_back = asyncio.create_task(self.leases.give_back_extras(busy=set()))
+            await asyncio.sleep(0.05)
+        return await super().evalsha(sha, numkeys, *args)  # type: ignore[arg-type]
+
+
+async def test_a_partition_given_back_during_a_renewal_does_not_kill_the_tick(
+    redis_url: str, redis_prefix: str
+) -> None:
+    if redis_url.startswith("memory://"):
+        pytest.skip("needs a real Redis")
+    client = _ReleaseDuringRenew.from_url(redis_url)
+    assert isinstance(client, _ReleaseDuringRenew)
+    try:
+        leases = PartitionLeases(client, prefix=redis_prefix, partitions=4, owner="a", ttl_ms=2000)
+        await leases.tick()
+        assert leases.owned() == [0, 1, 2, 3]
+        # Another member joined: two of the four partitions are extras.
+        await client.zadd(leases.members_key, {"b": int(time.time() * 1000)})
+        leases.share = 2
+        client.leases = leases
+        changes = await leases.tick(give_back=False)  # was: KeyError from the renew loop
+        assert client.giving_back is not None
+        assert sorted(await client.giving_back) == [2, 3]
+        assert sorted(leases.owned()) == [0, 1]
+        assert changes.lost == []  # given back on purpose, not lost
+        for partition in (0, 1):
+            assert await leases.still_owns(partition)
+    finally:
+        await client.aclose()

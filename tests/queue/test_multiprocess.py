@@ -36,12 +36,12 @@ def start_gateway(
     redis_prefix: str,
     database_url: str,
     moto_endpoint: str,
-) -> Iterator[Callable[[str], GatewayProcess]]:
+) -> Iterator[Callable[..., GatewayProcess]]:
     config = tmp_path / "eventgate.yaml"
     config.write_text(gateway_config(sns.topic_arn))
     started: list[GatewayProcess] = []
 
-    def start(name: str) -> GatewayProcess:
+    def start(name: str, **env: str) -> GatewayProcess:
         process = GatewayProcess(
             log_path=tmp_path / f"{name}.log",
             env={
@@ -56,6 +56,7 @@ def start_gateway(
                 "ANTHROPIC_BASE_URL": fake_claude.base_url,
                 "ANTHROPIC_API_KEY": "sk-ant-mp",
                 "AWS_ENDPOINT_URL_SNS": moto_endpoint,
+                **env,
             },
         )
         started.append(process)
@@ -131,7 +132,7 @@ async def _send_all(
 
 
 def test_sigkill_mid_stream_loses_nothing_duplicates_nothing_keeps_order(
-    start_gateway: Callable[[str], GatewayProcess],
+    start_gateway: Callable[..., GatewayProcess],
     sns: SnsFixture,
     fake_claude: FakeAnthropicServer,
     redis_prefix: str,
@@ -213,7 +214,7 @@ def test_sigkill_mid_stream_loses_nothing_duplicates_nothing_keeps_order(
 
 
 def test_sigterm_drains_and_hands_partitions_over(
-    start_gateway: Callable[[str], GatewayProcess],
+    start_gateway: Callable[..., GatewayProcess],
     sns: SnsFixture,
     fake_claude: FakeAnthropicServer,
     redis_prefix: str,
@@ -245,3 +246,37 @@ def test_sigterm_drains_and_hands_partitions_over(
     messages = sns.receive(sns.fifo_url, expected=6, timeout=30)
     assert len(messages) == 6
     assert drained_in < 10
+
+
+def test_processes_joining_and_dying_never_stop_the_survivors(
+    start_gateway: Callable[..., GatewayProcess],
+    sns: SnsFixture,
+    fake_claude: FakeAnthropicServer,
+    redis_prefix: str,
+    database_url: str,
+) -> None:
+    """Two processes, and a third started and SIGKILLed six times while they rebalance: the
+    survivors keep their lease keepers (a partition given back during a renewal used to
+    crash one, silently) and go on taking every new webhook."""
+    survivors = [
+        start_gateway(f"survivor{i}", EVENTGATE_LEASE_TTL_MS="2000").wait_ready() for i in (1, 2)
+    ]
+    for round_ in range(6):
+        joiner = start_gateway(f"joiner{round_}", EVENTGATE_LEASE_TTL_MS="2000").wait_ready()
+        deadline = time.monotonic() + 15
+        while not any(f"-{joiner.proc.pid}-" in o for o in _lease_owners(redis_prefix)):
+            assert time.monotonic() < deadline, "the joiner never got a partition"
+            time.sleep(0.1)
+        joiner.kill()
+    total = 0
+    for k in range(10):
+        body, headers = github_request(SECRET, issue_payload(f"acme/after-{k}", 1))
+        url = survivors[k % 2].url
+        reply = httpx.post(f"{url}/v1/webhooks/github", content=body, headers=headers)
+        assert reply.status_code == 202
+        total += 1
+    asyncio.run(_wait_all_published(database_url, total, timeout=60))
+    for survivor in survivors:
+        crashed = [e for e in survivor.log_events() if e["event"] == "task_restarting"]
+        assert crashed == [], crashed
+        assert httpx.get(f"{survivor.url}/readyz").status_code == 200

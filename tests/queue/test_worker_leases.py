@@ -13,9 +13,10 @@ from redis.asyncio import Redis
 
 from app.ingest.schemas import Event
 from app.queue.connection import connect_redis
-from app.queue.leases import PartitionLeases
+from app.queue.leases import LeaseGuard, PartitionLeases
 from app.queue.streams import EventQueue
 from app.queue.worker import QueueWorker
+from app.supervision import Supervisor
 
 
 @pytest.fixture
@@ -26,6 +27,10 @@ async def redis(redis_url: str, redis_prefix: str) -> AsyncIterator[Redis]:
     if keys:
         await client.delete(*keys)
     await client.aclose()
+
+
+async def _never_gives_up(event: Event, reason: str) -> None:
+    raise AssertionError(f"gave up on {event.id}: {reason}")
 
 
 async def _enqueue(queue: EventQueue, count: int, *, keys: int) -> None:
@@ -55,7 +60,7 @@ async def test_leases_are_renewed_while_the_buffer_is_full(redis: Redis, redis_p
     await _enqueue(queue, 30, keys=5)
     stalled = asyncio.Event()
 
-    async def stuck(_: Event) -> None:
+    async def stuck(_: Event, __: LeaseGuard) -> None:
         await stalled.wait()  # Claude never answers
 
     leases = PartitionLeases(redis, prefix=redis_prefix, partitions=2, owner="w1", ttl_ms=400)
@@ -63,6 +68,7 @@ async def test_leases_are_renewed_while_the_buffer_is_full(redis: Redis, redis_p
         queue=queue,
         leases=leases,
         process=stuck,
+        give_up=_never_gives_up,
         consumer="w1",
         concurrency=2,
         grace_seconds=0.1,
@@ -92,7 +98,7 @@ async def test_a_read_takes_no_more_entries_than_the_buffer_has_room_for(
     await _enqueue(queue, 200, keys=200)
     stalled = asyncio.Event()
 
-    async def stuck(_: Event) -> None:
+    async def stuck(_: Event, __: LeaseGuard) -> None:
         await stalled.wait()
 
     leases = PartitionLeases(redis, prefix=redis_prefix, partitions=partitions, owner="w1")
@@ -100,6 +106,7 @@ async def test_a_read_takes_no_more_entries_than_the_buffer_has_room_for(
         queue=queue,
         leases=leases,
         process=stuck,
+        give_up=_never_gives_up,
         consumer="w1",
         concurrency=2,
         grace_seconds=0.1,
@@ -133,13 +140,13 @@ async def test_the_lease_keeper_ends_on_a_cancel_swallowed_below(
     worker = QueueWorker(
         queue=EventQueue(redis, prefix=redis_prefix, partitions=1),
         leases=leases,
-        process=lambda _: asyncio.sleep(0),
+        process=lambda _, __: asyncio.sleep(0),
+        give_up=_never_gives_up,
         consumer="w1",
         concurrency=1,
         grace_seconds=0.1,
     )
-    keeper = asyncio.create_task(worker._keep_leases())
+    keeper = Supervisor().start("lease-keeper", worker._keep_leases)
     await asyncio.sleep(0.02)  # inside the first tick
-    keeper.cancel()
-    await asyncio.wait({keeper}, timeout=2)
-    assert keeper.cancelled()  # without the cancelling() check it renews on, for ever
+    await asyncio.wait_for(keeper.stop(), 2)  # a swallowed cancel is cancelled again
+    assert keeper.current is not None and keeper.current.done()

@@ -1,0 +1,76 @@
+"""Which failures are a dependency being unavailable, and which are the event's own.
+
+The worker retries an event in place when processing fails. A failure that says Redis or the
+database cannot be reached (or is overloaded, shutting down, or lost the connection) is not the
+event's fault: it is retried with backoff and never counts towards dead-lettering, so an hour of
+database outage dead-letters nothing. Any other failure (a row the database refuses, a bug hit
+by this event's data) counts, and the event is dead-lettered after ``EVENTGATE_MAX_DELIVERIES``.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from redis import exceptions as redis_errors
+from sqlalchemy import exc as sa_errors
+
+
+class LeaseLost(Exception):
+    """The lease this work was started under moved to another process: stop, store nothing,
+    do not ack (the new owner has the entry). Never the event's fault."""
+
+
+class Fence(Protocol):
+    """The lease a piece of work runs under (implemented by the queue's ``LeaseGuard``)."""
+
+    @property
+    def epoch(self) -> int:
+        """Later tenures of a partition have larger epochs; the store refuses older ones."""
+        ...
+
+    async def check(self) -> None:
+        """Raise ``LeaseLost`` unless the tenure still holds."""
+        ...
+
+
+_REDIS_UNAVAILABLE = (
+    redis_errors.ConnectionError,
+    redis_errors.TimeoutError,
+    redis_errors.BusyLoadingError,
+    redis_errors.ReadOnlyError,
+    redis_errors.ClusterDownError,
+    redis_errors.TryAgainError,
+    redis_errors.MasterDownError,
+)
+_SQL_UNAVAILABLE = (
+    sa_errors.OperationalError,
+    sa_errors.InterfaceError,
+    sa_errors.DisconnectionError,
+    sa_errors.TimeoutError,  # the connection pool had no connection to give
+)
+_UNAVAILABLE = (OSError, TimeoutError, *_REDIS_UNAVAILABLE, *_SQL_UNAVAILABLE)
+# SQLSTATE classes of a server that cannot serve now: 08 connection exception, 53 insufficient
+# resources (too many connections, disk full), 57 operator intervention (shutdown, cannot
+# connect now), 58 system error; and 40001/40P01, a serialization failure or deadlock to retry.
+_UNAVAILABLE_SQLSTATE_CLASSES = ("08", "53", "57", "58")
+_RETRY_SQLSTATES = frozenset({"40001", "40P01"})
+
+
+def dependency_unavailable(exc: BaseException) -> bool:
+    """True when ``exc`` (or what caused it) says a dependency could not serve the request."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, _UNAVAILABLE):
+            return True
+        if isinstance(current, sa_errors.DBAPIError) and current.connection_invalidated:
+            return True
+        sqlstate = getattr(current, "sqlstate", None)
+        if isinstance(sqlstate, str) and (
+            sqlstate[:2] in _UNAVAILABLE_SQLSTATE_CLASSES or sqlstate in _RETRY_SQLSTATES
+        ):
+            return True
+        orig = getattr(current, "orig", None)
+        current = orig if isinstance(orig, BaseException) else current.__cause__
+    return False
