@@ -1,7 +1,8 @@
 """SNS FIFO publishing through aioboto3.
 
 PublishError
-├── retryable = True     throttling, 5xx, connection errors
+├── retryable = True     TRANSIENT_CODES (credentials, clock skew, throttling), 5xx, 429,
+│                        connection errors: the row waits with backoff
 └── retryable = False    NotFound, InvalidParameter, AuthorizationError ... (dead-letter)
 """
 
@@ -28,6 +29,50 @@ PERMANENT_CODES = frozenset(
         "PlatformApplicationDisabled",
     }
 )
+
+TRANSIENT_CODES = frozenset(
+    {
+        "ExpiredToken",
+        "ExpiredTokenException",
+        "RequestExpired",
+        "InvalidClientTokenId",
+        "SignatureDoesNotMatch",
+        "RequestTimeTooSkewed",
+        "Throttling",
+        "ThrottlingException",
+        "Throttled",
+        "ThrottledException",
+        "TooManyRequestsException",
+        "RequestThrottled",
+        "RequestThrottledException",
+        "KMSThrottling",
+        "KMSThrottlingException",
+    }
+)
+"""Codes that pass by themselves, so the row waits with the relay's backoff instead of
+being dead-lettered. AWS sends them as 400 or 403, and as a per-entry ``SenderFault``,
+which would otherwise read as "this request will never succeed":
+
+- ``ExpiredToken``, ``ExpiredTokenException``: temporary credentials (STS, an instance or
+  pod role) ran out; the provider hands out new ones.
+- ``RequestExpired``: the request was signed too long before it arrived (a stalled
+  process, a slow retry); signing it again fixes it.
+- ``InvalidClientTokenId``: credentials in rotation, a key not yet propagated to every
+  AWS endpoint, or an old key just revoked; the next fetch of credentials fixes it.
+- ``SignatureDoesNotMatch``, ``RequestTimeTooSkewed``: the host's clock is off, which NTP
+  corrects (SigV4 signs the time; a skewed clock shows up as either code).
+- ``Throttling``, ``ThrottlingException``, ``Throttled``, ``ThrottledException``,
+  ``TooManyRequestsException``, ``RequestThrottled``, ``RequestThrottledException``: the
+  API's rate limits, spelt differently across AWS; they pass as the rate drops.
+- ``KMSThrottling``, ``KMSThrottlingException``: KMS (server-side encryption of the topic)
+  throttles the data-key requests SNS makes for us; same as above.
+"""
+
+
+def is_transient(code: str) -> bool:
+    """Whether an error with this code passes by itself (see ``TRANSIENT_CODES``); a code
+    that names throttling in some other spelling counts as well."""
+    return code in TRANSIENT_CODES or "Throttl" in code
 
 
 class PublishError(Exception):
@@ -99,8 +144,11 @@ class SnsPublisher:
             results[int(ok["Id"])] = Published(ok["MessageId"], ok.get("SequenceNumber"))
         for failed in response.get("Failed", []):
             code = str(failed.get("Code", "Failed"))
-            # SenderFault marks a request that will never succeed as sent.
-            permanent = bool(failed.get("SenderFault")) or code in PERMANENT_CODES
+            # SenderFault marks a request that will never succeed as sent -- except for the
+            # codes that pass by themselves, which AWS marks as the sender's fault too.
+            permanent = not is_transient(code) and (
+                bool(failed.get("SenderFault")) or code in PERMANENT_CODES
+            )
             results[int(failed["Id"])] = PublishError(
                 str(failed.get("Message", code)), code=code, retryable=not permanent
             )
@@ -114,7 +162,7 @@ class SnsPublisher:
 def _client_error(exc: ClientError) -> PublishError:
     code = str(exc.response.get("Error", {}).get("Code", "ClientError"))
     status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
-    retryable = code not in PERMANENT_CODES and (
-        status >= 500 or status in (0, 429) or "Throttl" in code
+    retryable = is_transient(code) or (
+        code not in PERMANENT_CODES and (status >= 500 or status in (0, 429))
     )
     return PublishError(str(exc), code=code, retryable=retryable)

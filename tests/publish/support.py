@@ -3,7 +3,7 @@ where a fault is needed (the ``Publisher`` protocol is the relay's edge)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from datetime import UTC, datetime
 
 import orjson
@@ -80,10 +80,8 @@ def make_relay(
     memory: PublishedMemory | None = None,
     *,
     max_backoff: float = 0.0,
-    clock: Callable[[], float] | None = None,
 ) -> OutboxRelay:
     """No lease, no backoff unless asked: each ``publish_pending`` retries what failed."""
-    extra = {} if clock is None else {"clock": clock}
     return OutboxRelay(
         sessions=sessions,
         publisher=publisher,
@@ -91,7 +89,6 @@ def make_relay(
         memory=memory,
         poll_seconds=0.1,
         max_backoff=max_backoff,
-        **extra,
     )
 
 
