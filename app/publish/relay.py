@@ -4,7 +4,9 @@ Each round takes the head row of every ready group — never two rows of one gro
 so a group never has two unacknowledged publishes — and sends the heads with PublishBatch
 (≤10 entries, ≤256 KiB, per topic). A group whose head fails with a retryable error waits
 with backoff and keeps its place; a permanent error dead-letters that row and its group
-moves on. Across processes one relay holds the lease (Redis) at a time.
+moves on. A batch SNS refuses as a whole for good is sent again one entry at a time, so only
+the entries refused on their own are dead-lettered. Across processes one relay holds the
+lease (Redis) at a time.
 """
 
 from __future__ import annotations
@@ -148,6 +150,20 @@ class OutboxRelay:
         return settled
 
     async def _send(self, batch: list[OutboxRow]) -> list[Published | PublishError]:
+        """One result per row. A batch SNS refuses as a whole is sent again entry by entry
+        when the refusal is permanent: one bad entry must not dead-letter the heads of up to
+        nine other groups. A transient refusal is every row's (each group waits)."""
+        try:
+            return await self._publish(batch)
+        except PublishError as exc:
+            if exc.retryable or len(batch) == 1:
+                return [exc] * len(batch)
+            log.warning("publish_batch_refused", code=exc.code, entries=len(batch))
+        # Each entry is the head of its own group, so sending them side by side keeps order.
+        alone = await asyncio.gather(*(self._send([row]) for row in batch))
+        return [result for (result,) in alone]
+
+    async def _publish(self, batch: list[OutboxRow]) -> list[Published | PublishError]:
         async with self._batch_slots:
             results = await self.publisher.publish_batch([_message(r) for r in batch])
         # Remembered at once: the window in which a crash leads to a second publish is this

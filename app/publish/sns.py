@@ -100,7 +100,11 @@ class OutgoingMessage:
 class Publisher(Protocol):
     async def publish_batch(
         self, messages: list[OutgoingMessage]
-    ) -> list[Published | PublishError]: ...
+    ) -> list[Published | PublishError]:
+        """One result per message, in order, when SNS answered entry by entry. Raises
+        ``PublishError`` when the request failed as a whole: nothing says which entry (if
+        any) is at fault, so the caller decides what to retry."""
+        ...
 
 
 class SnsPublisher:
@@ -112,7 +116,7 @@ class SnsPublisher:
     async def publish_batch(
         self, messages: list[OutgoingMessage]
     ) -> list[Published | PublishError]:
-        """PublishBatch for messages of one topic (≤10); one result per message, in order."""
+        """PublishBatch for messages of one topic (≤10); see ``Publisher.publish_batch``."""
         topics = {m.topic_arn for m in messages}
         assert len(topics) == 1 and 0 < len(messages) <= 10
         entries = [
@@ -133,10 +137,9 @@ class SnsPublisher:
                 TopicArn=topics.pop(), PublishBatchRequestEntries=entries
             )
         except ClientError as exc:
-            return [_client_error(exc)] * len(messages)
+            raise _client_error(exc) from exc
         except BotoCoreError as exc:
-            error = PublishError(str(exc), code=type(exc).__name__, retryable=True)
-            return [error] * len(messages)
+            raise PublishError(str(exc), code=type(exc).__name__, retryable=True) from exc
         results: list[Published | PublishError] = [
             PublishError("no result for this entry", code="MissingResult", retryable=True)
         ] * len(messages)
