@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import UTC, datetime
+from typing import Any
 
 import orjson
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -78,17 +79,17 @@ def make_relay(
     sessions: Sessions,
     publisher: Publisher,
     memory: PublishedMemory | None = None,
-    *,
-    max_backoff: float = 0.0,
+    **options: Any,
 ) -> OutboxRelay:
-    """No lease, no backoff unless asked: each ``publish_pending`` retries what failed."""
+    """No lease, and no backoff unless ``max_backoff`` is given: each ``publish_pending``
+    retries what failed. ``options`` are the relay's other keyword arguments."""
     return OutboxRelay(
         sessions=sessions,
         publisher=publisher,
         lease=None,
         memory=memory,
         poll_seconds=0.1,
-        max_backoff=max_backoff,
+        **{"max_backoff": 0.0, **options},
     )
 
 
