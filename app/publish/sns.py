@@ -1,6 +1,6 @@
 """SNS FIFO publishing through aioboto3.
 
-PublishError
+PublishError             returned per entry, or raised when the whole call failed
 ├── retryable = True     TRANSIENT_CODES (credentials, clock skew, throttling), 5xx, 429,
 │                        connection errors: the row waits with backoff
 └── retryable = False    NotFound, InvalidParameter, AuthorizationError ... (dead-letter)

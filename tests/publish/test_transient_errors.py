@@ -11,6 +11,7 @@ import aioboto3
 import orjson
 import pytest
 from botocore.config import Config
+from prometheus_client import REGISTRY
 from sqlalchemy import select
 
 from app.publish.sns import OutgoingMessage, Published, Publisher, PublishError, SnsPublisher
@@ -34,6 +35,8 @@ TRANSIENT = [
     ("RequestThrottled", 400),
     ("KMSThrottlingException", 400),
     ("KMSThrottling", 400),
+    ("InternalError", 500),
+    ("ServiceUnavailable", 503),
 ]
 PERMANENT = [("InvalidParameter", 400), ("AuthorizationError", 403), ("NotFound", 404)]
 
@@ -68,6 +71,12 @@ class SwitchablePublisher:
         return await self.current.publish_batch(messages)
 
 
+def _published_total(topic_arn: str, outcome: str) -> float:
+    """``eventgate_published_total`` for this test's own topic."""
+    labels = {"topic": topic_arn.rsplit(":", 1)[-1], "outcome": outcome}
+    return REGISTRY.get_sample_value("eventgate_published_total", labels) or 0.0
+
+
 async def _state(sessions: Sessions) -> tuple[list[OutboxRow], list[EventRow], list[str]]:
     async with sessions() as session:
         rows = list((await session.scalars(select(OutboxRow).order_by(OutboxRow.id))).all())
@@ -92,6 +101,8 @@ async def test_transient_error_waits_and_publishes_once_it_passes(
     relay = make_relay(sessions, publisher)
     assert await relay.publish_pending() == 0
     assert stub.requests == 1
+    assert _published_total(sns.topic_arn, "retry") == 1
+    assert _published_total(sns.topic_arn, "dead") == 0
     rows, events, letters = await _state(sessions)
     assert [(r.status, r.attempts) for r in rows] == [("pending", 1), ("pending", 0)]
     assert rows[0].last_error is not None and rows[0].last_error.startswith(f"{code}:")
