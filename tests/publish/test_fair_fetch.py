@@ -45,9 +45,14 @@ async def any_sessions(any_database_url: str) -> AsyncIterator[Sessions]:
     await engine.dispose()
 
 
-async def _ids(sessions: Sessions, **query: object) -> list[tuple[str, int]]:
+async def _ids(
+    sessions: Sessions, *, limit: int, per_group: int, skip_groups: list[str]
+) -> list[tuple[str, int]]:
+    """(event id, seq) of what ``pending`` returns, in its order."""
     async with sessions() as session:
-        rows = await OutboxRepository(session).pending(**query)  # type: ignore[arg-type]
+        rows = await OutboxRepository(session).pending(
+            limit=limit, per_group=per_group, skip_groups=skip_groups
+        )
     return [(row.event_id, row.seq) for row in rows]
 
 
