@@ -1,20 +1,25 @@
 """Outbox → SNS FIFO. Strictly in order per message group; groups batched together.
 
-Each round takes the head row of every ready group — never two rows of one group at once,
-so a group never has two unacknowledged publishes — and sends the heads with PublishBatch
-(≤10 entries, ≤256 KiB, per topic). A group whose head fails with a retryable error waits
-with backoff and keeps its place; a permanent error dead-letters that row and its group
-moves on. Across processes one relay holds the lease (Redis) at a time.
+A fetch takes the first few pending rows of every group not in backoff, every group's head
+before any second row, so no group's backlog or throttling keeps another group waiting.
+Each round then takes the head row of every fetched group — never two rows of one group at
+once, so a group never has two unacknowledged publishes — and sends the heads with
+PublishBatch (≤10 entries, ≤256 KiB, per topic). A group whose head fails with a retryable
+error waits with backoff and keeps its place; a permanent error dead-letters that row and
+its group moves on. A batch SNS refuses as a whole for good is sent again one entry at a
+time, so only the entries refused on their own are dead-lettered. Across processes one
+relay holds the lease (Redis) at a time.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import random
 import time
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 
 import orjson
@@ -30,6 +35,12 @@ from app.store.repository import DeadLetterRepository, EventRepository, OutboxRe
 log = structlog.get_logger(__name__)
 BATCH_ENTRIES = 10
 BATCH_BYTES = 256 * 1024
+# Rows fetched per group: one call publishes at most this many rows of a busy group before
+# fetching again, so a group that turns up meanwhile waits that many rounds at most.
+ROWS_PER_GROUP = 10
+# Groups in backoff the fetch skips in SQL; past this many, the ones that come out of
+# backoff soonest are fetched and set aside, at the cost of the fetch slots they take.
+MAX_SKIPPED_GROUPS = 1000
 
 
 class OutboxRelay:
@@ -42,8 +53,11 @@ class OutboxRelay:
         memory: PublishedMemory | None,
         poll_seconds: float,
         fetch_size: int = 500,
+        rows_per_group: int = ROWS_PER_GROUP,
+        max_skipped_groups: int = MAX_SKIPPED_GROUPS,
         max_backoff: float = 30.0,
         batch_concurrency: int = 4,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.sessions = sessions
         self.publisher = publisher
@@ -51,7 +65,10 @@ class OutboxRelay:
         self.memory = memory
         self.poll_seconds = poll_seconds
         self.fetch_size = fetch_size
+        self.rows_per_group = rows_per_group
+        self.max_skipped_groups = max_skipped_groups
         self.max_backoff = max_backoff
+        self.clock = clock
         self._wake = asyncio.Event()
         # PublishBatch calls in flight at once (different groups only, so order is unaffected).
         self._batch_slots = asyncio.Semaphore(batch_concurrency)
@@ -85,15 +102,24 @@ class OutboxRelay:
         return self.lease is None or await self.lease.hold()
 
     async def publish_pending(self) -> int:
-        """Publish the oldest pending rows; returns how many were settled (published or
-        dead-lettered), so a caller can loop while there is progress."""
+        """Publish the first few pending rows of each ready group; returns how many were
+        settled (published or dead-lettered), so a caller can loop while there is progress.
+
+        The fetch skips groups in backoff and takes every group's head before any group's
+        second row, so neither a throttled group nor a long backlog of one group keeps the
+        others' heads out of it."""
         if not await self._holds_lease():
             return 0
+        now = self.clock()
         async with self.sessions() as session:
-            rows = await OutboxRepository(session).pending(limit=self.fetch_size)
-        now = time.monotonic()
+            rows = await OutboxRepository(session).pending(
+                limit=self.fetch_size,
+                per_group=self.rows_per_group,
+                skip_groups=self._in_backoff(now),
+            )
         groups: OrderedDict[str, list[OutboxRow]] = OrderedDict()
         for row in rows:
+            # Only needed for groups past ``max_skipped_groups`` that the fetch could not skip.
             if self._backoff.get(row.group_id, (0, 0.0))[1] <= now:
                 groups.setdefault(row.group_id, []).append(row)
         settled = 0
@@ -113,6 +139,13 @@ class OutboxRelay:
             if groups and not await self._holds_lease():
                 break
         return settled
+
+    def _in_backoff(self, now: float) -> list[str]:
+        """Groups not to be retried yet; those waiting longest when there are too many."""
+        waiting = [(until, group) for group, (_, until) in self._backoff.items() if until > now]
+        if len(waiting) > self.max_skipped_groups:
+            waiting = heapq.nlargest(self.max_skipped_groups, waiting)
+        return [group for _, group in waiting]
 
     async def _publish_heads(self, heads: Sequence[OutboxRow]) -> dict[int, bool]:
         """Publish one row per group; True for rows that are settled."""
@@ -148,6 +181,20 @@ class OutboxRelay:
         return settled
 
     async def _send(self, batch: list[OutboxRow]) -> list[Published | PublishError]:
+        """One result per row. A batch SNS refuses as a whole is sent again entry by entry
+        when the refusal is permanent: one bad entry must not dead-letter the heads of up to
+        nine other groups. A transient refusal is every row's (each group waits)."""
+        try:
+            return await self._publish(batch)
+        except PublishError as exc:
+            if exc.retryable or len(batch) == 1:
+                return [exc] * len(batch)
+            log.warning("publish_batch_refused", code=exc.code, entries=len(batch))
+        # Each entry is the head of its own group, so sending them side by side keeps order.
+        alone = await asyncio.gather(*(self._send([row]) for row in batch))
+        return [result for (result,) in alone]
+
+    async def _publish(self, batch: list[OutboxRow]) -> list[Published | PublishError]:
         async with self._batch_slots:
             results = await self.publisher.publish_batch([_message(r) for r in batch])
         # Remembered at once: the window in which a crash leads to a second publish is this
@@ -217,7 +264,7 @@ class OutboxRelay:
         if exc.retryable:
             failures = self._backoff.get(row.group_id, (0, 0.0))[0] + 1
             delay = random.uniform(0, min(self.max_backoff, 0.5 * 2**failures))
-            self._backoff[row.group_id] = (failures, time.monotonic() + delay)
+            self._backoff[row.group_id] = (failures, self.clock() + delay)
             log.warning(
                 "publish_retry",
                 event_id=row.event_id,

@@ -1,7 +1,8 @@
 """SNS FIFO publishing through aioboto3.
 
-PublishError
-├── retryable = True     throttling, 5xx, connection errors
+PublishError             returned per entry, or raised when the whole call failed
+├── retryable = True     TRANSIENT_CODES (credentials, clock skew, throttling), 5xx, 429,
+│                        connection errors: the row waits with backoff
 └── retryable = False    NotFound, InvalidParameter, AuthorizationError ... (dead-letter)
 """
 
@@ -29,6 +30,50 @@ PERMANENT_CODES = frozenset(
     }
 )
 
+TRANSIENT_CODES = frozenset(
+    {
+        "ExpiredToken",
+        "ExpiredTokenException",
+        "RequestExpired",
+        "InvalidClientTokenId",
+        "SignatureDoesNotMatch",
+        "RequestTimeTooSkewed",
+        "Throttling",
+        "ThrottlingException",
+        "Throttled",
+        "ThrottledException",
+        "TooManyRequestsException",
+        "RequestThrottled",
+        "RequestThrottledException",
+        "KMSThrottling",
+        "KMSThrottlingException",
+    }
+)
+"""Codes that pass by themselves, so the row waits with the relay's backoff instead of
+being dead-lettered. AWS sends them as 400 or 403, and as a per-entry ``SenderFault``,
+which would otherwise read as "this request will never succeed":
+
+- ``ExpiredToken``, ``ExpiredTokenException``: temporary credentials (STS, an instance or
+  pod role) ran out; the provider hands out new ones.
+- ``RequestExpired``: the request was signed too long before it arrived (a stalled
+  process, a slow retry); signing it again fixes it.
+- ``InvalidClientTokenId``: credentials in rotation, a key not yet propagated to every
+  AWS endpoint, or an old key just revoked; the next fetch of credentials fixes it.
+- ``SignatureDoesNotMatch``, ``RequestTimeTooSkewed``: the host's clock is off, which NTP
+  corrects (SigV4 signs the time; a skewed clock shows up as either code).
+- ``Throttling``, ``ThrottlingException``, ``Throttled``, ``ThrottledException``,
+  ``TooManyRequestsException``, ``RequestThrottled``, ``RequestThrottledException``: the
+  API's rate limits, spelt differently across AWS; they pass as the rate drops.
+- ``KMSThrottling``, ``KMSThrottlingException``: KMS (server-side encryption of the topic)
+  throttles the data-key requests SNS makes for us; same as above.
+"""
+
+
+def is_transient(code: str) -> bool:
+    """Whether an error with this code passes by itself (see ``TRANSIENT_CODES``); a code
+    that names throttling in some other spelling counts as well."""
+    return code in TRANSIENT_CODES or "Throttl" in code
+
 
 class PublishError(Exception):
     def __init__(self, message: str, *, code: str, retryable: bool) -> None:
@@ -55,7 +100,11 @@ class OutgoingMessage:
 class Publisher(Protocol):
     async def publish_batch(
         self, messages: list[OutgoingMessage]
-    ) -> list[Published | PublishError]: ...
+    ) -> list[Published | PublishError]:
+        """One result per message, in order, when SNS answered entry by entry. Raises
+        ``PublishError`` when the request failed as a whole: nothing says which entry (if
+        any) is at fault, so the caller decides what to retry."""
+        ...
 
 
 class SnsPublisher:
@@ -67,7 +116,7 @@ class SnsPublisher:
     async def publish_batch(
         self, messages: list[OutgoingMessage]
     ) -> list[Published | PublishError]:
-        """PublishBatch for messages of one topic (≤10); one result per message, in order."""
+        """PublishBatch for messages of one topic (≤10); see ``Publisher.publish_batch``."""
         topics = {m.topic_arn for m in messages}
         assert len(topics) == 1 and 0 < len(messages) <= 10
         entries = [
@@ -88,10 +137,9 @@ class SnsPublisher:
                 TopicArn=topics.pop(), PublishBatchRequestEntries=entries
             )
         except ClientError as exc:
-            return [_client_error(exc)] * len(messages)
+            raise _client_error(exc) from exc
         except BotoCoreError as exc:
-            error = PublishError(str(exc), code=type(exc).__name__, retryable=True)
-            return [error] * len(messages)
+            raise PublishError(str(exc), code=type(exc).__name__, retryable=True) from exc
         results: list[Published | PublishError] = [
             PublishError("no result for this entry", code="MissingResult", retryable=True)
         ] * len(messages)
@@ -99,8 +147,11 @@ class SnsPublisher:
             results[int(ok["Id"])] = Published(ok["MessageId"], ok.get("SequenceNumber"))
         for failed in response.get("Failed", []):
             code = str(failed.get("Code", "Failed"))
-            # SenderFault marks a request that will never succeed as sent.
-            permanent = bool(failed.get("SenderFault")) or code in PERMANENT_CODES
+            # SenderFault marks a request that will never succeed as sent -- except for the
+            # codes that pass by themselves, which AWS marks as the sender's fault too.
+            permanent = not is_transient(code) and (
+                bool(failed.get("SenderFault")) or code in PERMANENT_CODES
+            )
             results[int(failed["Id"])] = PublishError(
                 str(failed.get("Message", code)), code=code, retryable=not permanent
             )
@@ -114,7 +165,7 @@ class SnsPublisher:
 def _client_error(exc: ClientError) -> PublishError:
     code = str(exc.response.get("Error", {}).get("Code", "ClientError"))
     status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
-    retryable = code not in PERMANENT_CODES and (
-        status >= 500 or status in (0, 429) or "Throttl" in code
+    retryable = is_transient(code) or (
+        code not in PERMANENT_CODES and (status >= 500 or status in (0, 429))
     )
     return PublishError(str(exc), code=code, retryable=retryable)

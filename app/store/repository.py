@@ -257,13 +257,43 @@ class OutboxRepository:
         result = await self.session.scalars(query.order_by(OutboxRow.generation, OutboxRow.seq))
         return result.all()
 
-    async def pending(self, *, limit: int) -> Sequence[OutboxRow]:
-        """Oldest pending rows that have a topic; rows without one wait for configuration."""
+    async def pending(
+        self, *, limit: int, per_group: int, skip_groups: Sequence[str] = ()
+    ) -> Sequence[OutboxRow]:
+        """The first ``per_group`` pending rows of each group not in ``skip_groups``: every
+        group's head (its oldest pending row) before any group's second row, oldest first,
+        at most ``limit`` rows. Rows without a topic wait for configuration and are left out.
+
+        Ranking only pending rows makes a group's rank-1 row its head whatever was published
+        or dead-lettered before it, so a group busy with thousands of rows, or the groups in
+        backoff the caller skips, never keep another group's head out of the result. The
+        ranking reads (id, group_id) only, so its sort holds no message bodies.
+        """
+        conditions = [OUTBOX.c.status == OutboxStatus.PENDING, OUTBOX.c.topic_arn.is_not(None)]
+        if skip_groups:
+            conditions.append(OUTBOX.c.group_id.not_in(skip_groups))
+        ranked = (
+            select(
+                OUTBOX.c.id,
+                func.row_number()
+                .over(partition_by=OUTBOX.c.group_id, order_by=OUTBOX.c.id)
+                .label("rank"),
+            )
+            .where(*conditions)
+            .subquery()
+        )
+        # Chosen by (rank, id) before the join, so only the chosen rows are read whole.
+        chosen = (
+            select(ranked.c.id, ranked.c.rank)
+            .where(ranked.c.rank <= per_group)
+            .order_by(ranked.c.rank, ranked.c.id)
+            .limit(limit)
+            .subquery()
+        )
         result = await self.session.scalars(
             select(OutboxRow)
-            .where(OutboxRow.status == OutboxStatus.PENDING, OutboxRow.topic_arn.is_not(None))
-            .order_by(OutboxRow.id)
-            .limit(limit)
+            .join(chosen, OutboxRow.id == chosen.c.id)
+            .order_by(chosen.c.rank, chosen.c.id)
         )
         return result.all()
 

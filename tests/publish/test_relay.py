@@ -5,143 +5,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
-from datetime import UTC, datetime
 
-import aioboto3
 import orjson
-import pytest
 from redis.asyncio import Redis
 from sqlalchemy import select
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.publish.coordination import PublishedMemory, RelayLease
-from app.publish.ids import deduplication_id, message_group_id
+from app.publish.ids import deduplication_id
 from app.publish.relay import OutboxRelay
-from app.publish.sns import OutgoingMessage, Published, PublishError, SnsPublisher
-from app.queue.connection import connect_redis
+from app.publish.sns import SnsPublisher
 from app.store.models import DeadLetterRow, EventRow, OutboxRow
+from tests.publish.support import RecordingPublisher, Sessions, add_event, make_relay
 from tests.support import SnsFixture
-
-Sessions = async_sessionmaker[AsyncSession]
-
-
-@pytest.fixture
-async def sns_client(sns: SnsFixture, moto_endpoint: str) -> AsyncIterator[object]:
-    async with aioboto3.Session().client(
-        "sns", region_name="us-east-1", endpoint_url=moto_endpoint
-    ) as client:
-        yield client
-
-
-@pytest.fixture
-async def redis(redis_url: str) -> AsyncIterator[Redis]:
-    client = connect_redis(redis_url)
-    yield client
-    await client.aclose()
-
-
-async def _add_event(
-    sessions: Sessions, event_id: str, group_key: str, tool_calls: int, topic_arn: str
-) -> None:
-    async with sessions() as session:
-        session.add(
-            EventRow(
-                id=event_id,
-                source="github",
-                type="issues.opened",
-                group_key=group_key,
-                delivery_id=event_id,
-                pipeline="triage",
-                status="processing",
-                payload={},
-                received_at=datetime.now(UTC),
-                deliveries=1,
-            )
-        )
-        await session.flush()
-        for seq in range(tool_calls):
-            body = {
-                "tool": "publishAlert",
-                "input": {"n": seq},
-                "event": {
-                    "id": event_id,
-                    "source": "github",
-                    "type": "issues.opened",
-                    "group_key": group_key,
-                    "received_at": "2026-01-01T00:00:00Z",
-                },
-                "llm_call_id": "llm_x",
-                "model": "m",
-                "sequence": seq,
-            }
-            session.add(
-                OutboxRow(
-                    event_id=event_id,
-                    seq=seq,
-                    llm_call_id="llm_x",
-                    tool="publishAlert",
-                    topic_arn=topic_arn,
-                    group_id=message_group_id(group_key),
-                    dedup_id=deduplication_id(event_id, seq),
-                    body=orjson.dumps(body).decode(),
-                )
-            )
-        await session.commit()
-
-
-class RecordingPublisher:
-    """Wraps a real publisher; fails chosen (dedup id → remaining failures) publishes."""
-
-    def __init__(self, inner: SnsPublisher, failures: dict[str, tuple[int, bool]]) -> None:
-        self.inner = inner
-        self.failures = failures
-        self.calls: list[OutgoingMessage] = []
-        self.batch_sizes: list[int] = []
-
-    async def publish_batch(
-        self, messages: list[OutgoingMessage]
-    ) -> list[Published | PublishError]:
-        self.calls += messages
-        self.batch_sizes.append(len(messages))
-        passed: list[int] = []
-        results: dict[int, Published | PublishError] = {}
-        for index, message in enumerate(messages):
-            remaining, retryable = self.failures.get(message.dedup_id, (0, True))
-            if remaining:
-                self.failures[message.dedup_id] = (remaining - 1, retryable)
-                code = "Throttling" if retryable else "InvalidParameter"
-                results[index] = PublishError("injected", code=code, retryable=retryable)
-            else:
-                passed.append(index)
-        if passed:
-            sent = await self.inner.publish_batch([messages[i] for i in passed])
-            results.update(zip(passed, sent, strict=True))
-        return [results[i] for i in range(len(messages))]
-
-
-def _relay(
-    sessions: Sessions,
-    publisher: object,
-    memory: PublishedMemory | None = None,
-) -> OutboxRelay:
-    return OutboxRelay(
-        sessions=sessions,
-        publisher=publisher,  # type: ignore[arg-type]
-        lease=None,
-        memory=memory,
-        poll_seconds=0.1,
-        max_backoff=0.0,
-    )
 
 
 async def test_rows_publish_in_order_per_group_with_the_designed_message(
     sessions: Sessions, sns: SnsFixture, sns_client: object
 ) -> None:
     for n in range(3):
-        await _add_event(sessions, f"evt_a{n}", "acme/api", 2, sns.topic_arn)
-        await _add_event(sessions, f"evt_b{n}", "acme/web", 1, sns.topic_arn)
-    relay = _relay(sessions, SnsPublisher(sns_client))
+        await add_event(sessions, f"evt_a{n}", "acme/api", 2, sns.topic_arn)
+        await add_event(sessions, f"evt_b{n}", "acme/web", 1, sns.topic_arn)
+    relay = make_relay(sessions, SnsPublisher(sns_client))
     assert await relay.publish_pending() == 9
     messages = sns.receive(sns.fifo_url, expected=9)
     by_group: dict[str, list[tuple[str, int]]] = {}
@@ -168,13 +52,13 @@ async def test_rows_publish_in_order_per_group_with_the_designed_message(
 async def test_retryable_failure_holds_its_group_and_keeps_order(
     sessions: Sessions, sns: SnsFixture, sns_client: object
 ) -> None:
-    await _add_event(sessions, "evt_a0", "acme/api", 1, sns.topic_arn)
-    await _add_event(sessions, "evt_a1", "acme/api", 1, sns.topic_arn)
-    await _add_event(sessions, "evt_b0", "acme/web", 1, sns.topic_arn)
+    await add_event(sessions, "evt_a0", "acme/api", 1, sns.topic_arn)
+    await add_event(sessions, "evt_a1", "acme/api", 1, sns.topic_arn)
+    await add_event(sessions, "evt_b0", "acme/web", 1, sns.topic_arn)
     publisher = RecordingPublisher(
         SnsPublisher(sns_client), {deduplication_id("evt_a0", 0): (2, True)}
     )
-    relay = _relay(sessions, publisher)
+    relay = make_relay(sessions, publisher)
     assert await relay.publish_pending() == 1  # only acme/web got through
     assert await relay.publish_pending() == 0  # acme/api fails again, a1 never tried
     assert [c.dedup_id for c in publisher.calls if c.group_id == "acme/api"] == [
@@ -197,9 +81,9 @@ async def test_permanent_failure_dead_letters_and_the_group_moves_on(
     sessions: Sessions, sns: SnsFixture, sns_client: object
 ) -> None:
     missing_topic = sns.topic_arn.replace(".fifo", "-gone.fifo")
-    await _add_event(sessions, "evt_bad", "acme/api", 1, missing_topic)
-    await _add_event(sessions, "evt_ok", "acme/api", 1, sns.topic_arn)
-    relay = _relay(sessions, SnsPublisher(sns_client))
+    await add_event(sessions, "evt_bad", "acme/api", 1, missing_topic)
+    await add_event(sessions, "evt_ok", "acme/api", 1, sns.topic_arn)
+    relay = make_relay(sessions, SnsPublisher(sns_client))
     assert await relay.publish_pending() == 2  # one dead-lettered, one published
     async with sessions() as session:
         bad = await session.get(EventRow, "evt_bad")
@@ -215,11 +99,11 @@ async def test_permanent_failure_dead_letters_and_the_group_moves_on(
 async def test_remembered_dedup_id_is_marked_not_republished(
     sessions: Sessions, sns: SnsFixture, sns_client: object, redis: Redis, redis_prefix: str
 ) -> None:
-    await _add_event(sessions, "evt_seen", "acme/api", 1, sns.topic_arn)
+    await add_event(sessions, "evt_seen", "acme/api", 1, sns.topic_arn)
     memory = PublishedMemory(redis, prefix=redis_prefix, window_seconds=60)
     await memory.remember_many([(deduplication_id("evt_seen", 0), "msg-from-before-the-crash")])
     publisher = RecordingPublisher(SnsPublisher(sns_client), {})
-    assert await _relay(sessions, publisher, memory).publish_pending() == 1
+    assert await make_relay(sessions, publisher, memory).publish_pending() == 1
     assert publisher.calls == []
     async with sessions() as session:
         row = (await session.scalars(select(OutboxRow))).one()
@@ -244,9 +128,9 @@ async def test_heads_of_many_groups_go_out_in_batches_of_ten(
 ) -> None:
     for group in range(23):
         for n in range(2):
-            await _add_event(sessions, f"evt_{group}_{n}", f"acme/r{group}", 1, sns.topic_arn)
+            await add_event(sessions, f"evt_{group}_{n}", f"acme/r{group}", 1, sns.topic_arn)
     publisher = RecordingPublisher(SnsPublisher(sns_client), {})
-    assert await _relay(sessions, publisher).publish_pending() == 46
+    assert await make_relay(sessions, publisher).publish_pending() == 46
     # Round 1: the 23 heads (10 + 10 + 3); round 2: the 23 second rows. Never two rows of
     # one group in the same round.
     assert sorted(publisher.batch_sizes) == [3, 3, 10, 10, 10, 10]
@@ -266,12 +150,12 @@ async def test_heads_of_many_groups_go_out_in_batches_of_ten(
 async def test_permanent_entry_failure_in_a_batch_dead_letters_only_that_row(
     sessions: Sessions, sns: SnsFixture, sns_client: object
 ) -> None:
-    await _add_event(sessions, "evt_x", "acme/x", 1, sns.topic_arn)
-    await _add_event(sessions, "evt_y", "acme/y", 1, sns.topic_arn)
+    await add_event(sessions, "evt_x", "acme/x", 1, sns.topic_arn)
+    await add_event(sessions, "evt_y", "acme/y", 1, sns.topic_arn)
     publisher = RecordingPublisher(
         SnsPublisher(sns_client), {deduplication_id("evt_x", 0): (1, False)}
     )
-    assert await _relay(sessions, publisher).publish_pending() == 2
+    assert await make_relay(sessions, publisher).publish_pending() == 2
     async with sessions() as session:
         x = await session.get(EventRow, "evt_x")
         y = await session.get(EventRow, "evt_y")
@@ -282,7 +166,7 @@ async def test_permanent_entry_failure_in_a_batch_dead_letters_only_that_row(
 async def test_relay_stops_publishing_once_another_holds_the_lease(
     sessions: Sessions, sns: SnsFixture, sns_client: object, redis: Redis, redis_prefix: str
 ) -> None:
-    await _add_event(sessions, "evt_l", "acme/l", 1, sns.topic_arn)
+    await add_event(sessions, "evt_l", "acme/l", 1, sns.topic_arn)
     key = f"{redis_prefix}:relay-lease"
     await redis.set(key, "someone-else", px=5000)
     publisher = RecordingPublisher(SnsPublisher(sns_client), {})
