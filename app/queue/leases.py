@@ -204,13 +204,18 @@ class PartitionLeases:
         return current == token
 
     def guard(self, partition: int) -> LeaseGuard | None:
-        """A guard for work read under the current tenure of ``partition`` (None if not held)."""
+        """A guard for work read under the current tenure of ``partition`` (None if not held).
+
+        It holds while this process owns the partition, in this tenure or a later one of its
+        own: work in flight when a lease expired and was taken back by this same process is
+        still this process's (the new tenure skipped it when it claimed what was pending), so
+        it must go on rather than be dropped and wait as an orphan behind later entries."""
         token = self.tokens.get(partition)
         if token is None:
             return None
 
         async def holds() -> bool:
-            return self.tokens.get(partition) == token and await self.still_owns(partition)
+            return await self.still_owns(partition)
 
         return LeaseGuard(partition, epoch_of(token), holds)
 

@@ -272,16 +272,23 @@ class QueueWorker:
         with structlog.contextvars.bound_contextvars(
             event_id=event.id, source=event.source, partition=entry.partition
         ):
-            guard = self.leases.guard(entry.partition)
-            if guard is not None and await guard.holds():
-                with contextlib.suppress(LeaseLost):
-                    await self._process(entry, event, guard)
-                    if not await self.queue.ack(entry, event.id, token=self._token(guard)):
-                        log.warning("ack_fenced")
+            while True:
+                guard = self.leases.guard(entry.partition)
+                if guard is not None and await guard.holds():
+                    with contextlib.suppress(LeaseLost):
+                        await self._process(entry, event, guard)
+                        if not await self.queue.ack(entry, event.id, token=self._token(guard)):
+                            log.warning("ack_fenced")
+                        self._done(entry)
+                        return
+                if entry.partition not in self.leases.tokens:
+                    # Not ours now: the next owner claims it (this process too, if it takes
+                    # the partition back: the entry is no longer held then, so it is claimed).
+                    log.info("entry_skipped_lease_lost")
                     self._done(entry)
                     return
-            log.info("entry_skipped_lease_lost")
-        self._done(entry)
+                # Ours again, in a newer tenure that skipped it as held: go on with it here.
+                await asyncio.sleep(self.tick_seconds / 4)
 
     async def _process(self, entry: StreamEntry, event: Event, guard: LeaseGuard) -> None:
         try:
