@@ -64,8 +64,9 @@ def main() -> None:
             "16% of calls and is down for 15 s",
             f"- faults, in order: {'; '.join(f.split(' ', 1)[1] for f in result.faults)}",
             f"- result: `{result.line()}`",
-            f"- verdict: **{verdict}** (nothing lost, doubled, reordered or dead-lettered; every "
-            "answered Claude call has an audit row)",
+            f"- verdict: **{verdict}** (clean: nothing lost, doubled, reordered or dead-lettered; "
+            "at least one audit row per Claude request, and every answered request named by a "
+            "row or one of the rows that cannot name it)",
         ],
     )
 

@@ -6,8 +6,10 @@ once, and Claude fails a share of calls and is down for a while.
 What a subscriber of the SNS FIFO topic received is then checked: every accepted event
 exactly once (counted by ``MessageDeduplicationId``: moto forgets a dedup id once its message
 is deleted, real SNS FIFO would drop the re-publish), in arrival order per key; nothing
-dead-lettered; and every Claude call has an audit row (an attempt whose process was killed
-mid-call has one with status ``unknown``).
+dead-lettered; and every Claude call has an audit row: at least as many rows as requests
+Claude received, and every request Claude answered is named by a row, or is one of the rows
+that cannot name theirs (status ``unknown``: the process was killed mid-call; or a timeout:
+the process was frozen past its call's timeout).
 
 Used by ``tests/hardening/test_chaos.py`` (a short run, in CI) and ``bench/chaos.py``.
 """
@@ -67,6 +69,9 @@ class ChaosReport:
     claude_requests: int = 0
     audit_rows: int = 0
     unknown_rows: int = 0
+    # Rows that cannot name their request: outcome unknown (the process died mid-call), or
+    # a timeout or lost connection (a frozen process wakes up past its call's timeout).
+    rows_without_request_id: int = 0
     unaudited: int = 0
     faults: list[str] = field(default_factory=list)
     seconds: float = 0.0
@@ -78,7 +83,8 @@ class ChaosReport:
             and self.duplicated == 0
             and self.out_of_order_keys == 0
             and self.dead_lettered == 0
-            and self.unaudited <= self.unknown_rows
+            and self.audit_rows >= self.claude_requests
+            and self.unaudited <= self.rows_without_request_id
         )
 
     def line(self) -> str:
@@ -87,6 +93,7 @@ class ChaosReport:
             f"duplicated={self.duplicated} out_of_order_keys={self.out_of_order_keys} "
             f"dead_lettered={self.dead_lettered} claude_requests={self.claude_requests} "
             f"audit_rows={self.audit_rows} unknown_rows={self.unknown_rows} "
+            f"rows_without_request_id={self.rows_without_request_id} "
             f"answered_without_row={self.unaudited} faults={len(self.faults)} "
             f"seconds={self.seconds:.0f} statuses={self.statuses}"
         )
@@ -336,6 +343,7 @@ class ChaosRun:
             await engine.dispose()
         self.report.audit_rows = len(rows)
         self.report.unknown_rows = sum(1 for status, _ in rows if status == "unknown")
+        self.report.rows_without_request_id = sum(1 for _, request_id in rows if not request_id)
         audited = {request_id for _, request_id in rows if request_id}
         answered = self.fake.behaviour.answered
         self.report.claude_requests = len(self.fake.behaviour.requests)
