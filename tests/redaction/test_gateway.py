@@ -16,6 +16,7 @@ import httpx
 import orjson
 import pytest
 import structlog
+from redis import Redis
 from sqlalchemy import select
 
 from app.config import parse_config
@@ -181,4 +182,49 @@ def test_depth_254_is_queued_and_255_refused(
     assert refused.json() == {
         "error": "InvalidPayload",
         "detail": "JSON is nested deeper than 254 levels",
+    }
+
+
+def test_filters_and_the_group_key_read_the_payload_as_sent(
+    make_settings: Callable[..., Settings], redis_url: str
+) -> None:
+    """Redaction comes after them: a filter on a secret field and a group key taken from one
+    see the value the sender sent; only what is queued is redacted."""
+    if redis_url.startswith("memory://"):
+        pytest.skip("needs a real Redis to read the stream from outside the process")
+    config = f"""
+sources:
+  github:
+    type: github
+    secret: {GITHUB_SECRET}
+    pipeline: triage
+    group_keys: {{issues: "{{deployment.token}}"}}
+    filters: {{drop: [{{path: deployment.password, equals: drop-me}}]}}
+pipelines:
+  triage: {{model: claude-sonnet-4-6, system: s, tools: [publishAlert]}}
+tools:
+  publishAlert: {{description: d, input_schema: {{type: object}}}}
+"""
+    settings = make_settings(partitions=1)
+    app = create_app(settings, parse_config(config), role="api")
+    answers = []
+    with ServerThread(app) as server, httpx.Client(base_url=server.url, timeout=10) as client:
+        for password in ("drop-me", "keep-me"):
+            payload = {**issue_payload("acme/f", 1), "deployment": {"password": password}}
+            payload["deployment"]["token"] = "tenant-7"
+            body, headers = github_request(GITHUB_SECRET, payload)
+            answers.append(client.post("/v1/webhooks/github", content=body, headers=headers))
+    structlog.reset_defaults()
+    assert answers[0].json()["status"] == "filtered"
+    assert answers[1].status_code == 202
+    stream = Redis.from_url(redis_url)
+    try:
+        entries = stream.xrange(f"{settings.redis_prefix}:{{p0}}:stream")
+    finally:
+        stream.close()
+    queued = [orjson.loads(fields[b"e"]) for _, fields in entries]  # type: ignore[index,union-attr]
+    assert [e["group_key"] for e in queued] == ["tenant-7"]
+    assert queued[0]["payload"]["deployment"] == {
+        "password": "[REDACTED:password]",
+        "token": "[REDACTED:token]",
     }
