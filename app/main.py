@@ -140,6 +140,7 @@ async def _build_state(
             collapser=AlertCollapser(redis, prefix=settings.redis_prefix),
             max_body_bytes=settings.max_body_bytes,
             dedup_window_seconds=settings.dedup_window_seconds,
+            redact_payloads=settings.payload_redaction == "on",
             deps=adapter_deps,
         ),
     )

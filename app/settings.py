@@ -95,6 +95,10 @@ class Settings(BaseSettings):
     # Hardening: a sender must deliver its whole body within this long (408 otherwise).
     body_read_timeout_seconds: float = Field(default=30.0, gt=0)
 
+    # Secrets in payloads (keys naming them, credential-looking strings) are replaced at
+    # ingest, before anything stores or forwards the payload; "off" keeps payloads as sent.
+    payload_redaction: str = Field(default="on", pattern="^(on|off)$")
+
     @property
     def anthropic_api_key(self) -> str | None:
         return os.environ.get("ANTHROPIC_API_KEY") or os.environ.get("ANTHROPIC_AUTH_TOKEN")

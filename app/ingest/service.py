@@ -1,10 +1,16 @@
-"""Ingest: verify → describe → per event: filter → collapse → dedup + enqueue.
+"""Ingest: verify → describe → per event: filter → collapse → redact → dedup + enqueue.
 
 Invariant: the caller sends 2xx only after every event of the request was enqueued (or found
 to be a duplicate, filtered or collapsed). Events are enqueued one after another, in request
 order, so readings of one device in a batch keep their order. If Redis fails midway the
 request gets ``QueueUnavailable`` (503 with Retry-After); the sender's retry describes the
 same delivery ids, so the events already queued are answered ``duplicate``, never doubled.
+
+Secrets in a payload are redacted once, when its event is built (``app.redaction``): after
+verification, the group key, type and delivery id, filters and collapse (which all read the
+payload as sent), and before the event is serialised for the stream, so Claude, the stored
+payload, the audit log and the logs never see them. A payload nested deeper than
+``MAX_DEPTH`` levels is refused (``InvalidPayload``).
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from app.config import GatewayConfig, SourceConfig
 from app.errors import QueueUnavailable
 from app.ingest.adapter import Described, Headers, SourceAdapter, resolve_key
 from app.ingest.collapse import AlertCollapser
-from app.ingest.exceptions import UnknownSource
+from app.ingest.exceptions import InvalidPayload, UnknownSource
 from app.ingest.filters import evaluate
 from app.ingest.schemas import Event
 from app.ingest.sources import AdapterDeps, build_adapter
@@ -31,6 +37,7 @@ from app.observability.metrics import (
     WEBHOOKS_RECEIVED,
 )
 from app.queue.batching import EventEnqueuer
+from app.redaction import NestingTooDeep, payload_to_json, redact_to_json
 
 log = structlog.get_logger(__name__)
 
@@ -70,9 +77,11 @@ class IngestService:
         collapser: AlertCollapser,
         max_body_bytes: int,
         dedup_window_seconds: int,
+        redact_payloads: bool = True,
         deps: AdapterDeps | None = None,
     ) -> None:
         self.queue = queue
+        self.redact_payloads = redact_payloads
         self.collapser = collapser
         self.sources = {
             name: RegisteredSource(
@@ -134,13 +143,13 @@ class IngestService:
                 )
                 detail = f"repeat {repeat.repeats} of an alert already sent to the LLM"
                 return EventOutcome(repeat.event_id, "collapsed", detail)
-        event = self._event(source, item)
+        event, data = self._event(source, item)
         result = await self.queue.enqueue(
             event_id=event.id,
             source=source.name,
             delivery_id=event.delivery_id,
             group_key=event.group_key,
-            data=event.to_bytes(),
+            data=data,
             dedup_window_ms=source.dedup_window_ms,
         )
         status = "queued" if result.created else "duplicate"
@@ -151,8 +160,17 @@ class IngestService:
             await self._track(source, firing, resolved, result.event_id)
         return EventOutcome(result.event_id, status)
 
-    def _event(self, source: RegisteredSource, item: Described) -> Event:
-        return Event(
+    def _event(self, source: RegisteredSource, item: Described) -> tuple[Event, bytes]:
+        """The event, with its payload redacted, and its bytes for the stream."""
+        try:
+            if self.redact_payloads:
+                payload, payload_json = redact_to_json(item.payload)
+            else:
+                payload, payload_json = item.payload, payload_to_json(item.payload)
+        except NestingTooDeep as exc:
+            WEBHOOKS_RECEIVED.labels(source=source.name, outcome="InvalidPayload").inc()
+            raise InvalidPayload(str(exc)) from None
+        event = Event(
             id=f"evt_{os.urandom(16).hex()}",
             source=source.name,
             type=item.type,
@@ -160,10 +178,11 @@ class IngestService:
             delivery_id=item.delivery_id,
             pipeline=source.config.pipeline,
             received_at=datetime.now(UTC),
-            payload=item.payload,
+            payload=payload,
             source_type=source.config.type,
             prompt_budget_chars=source.config.prompt_budget_chars,
         )
+        return event, event.to_bytes(payload_json=payload_json)
 
     @staticmethod
     def _fingerprints(

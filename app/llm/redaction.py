@@ -1,9 +1,10 @@
 """Prompt and response text for the audit log: ``full``, ``redacted`` or ``none``.
 
-``redacted`` replaces e-mail addresses, bearer tokens, API keys (Anthropic, OpenAI-style,
-AWS, GitHub, Slack), JWTs, PEM private keys and ``secret=...``-style assignments with
-``[REDACTED:<kind>]``. The prompt hash is always taken over the full request, so equal
-prompts can be found even when their text is not stored.
+``redacted`` applies the credential rules of ``app.redaction`` (keys, tokens, private keys,
+passwords in URLs, card numbers ...) to the serialised text, and replaces e-mail addresses
+too: they are kept in payloads, but the audit log has no need for them. Payloads were
+redacted structurally at ingest already, so this is a second line. The prompt hash is always
+taken over the full request, so equal prompts can be found even when their text is not stored.
 """
 
 from __future__ import annotations
@@ -14,57 +15,16 @@ from typing import Any, Literal
 
 import orjson
 
+from app.redaction import redact_text
+
 TextMode = Literal["full", "redacted", "none"]
 
-# (kind, a literal every match contains (in lower case for a case-blind pattern), pattern).
-# The literal is checked first: a substring test costs a fraction of a regex pass, and most
-# prompts contain few of them.
-_PATTERNS: list[tuple[str, str | None, re.Pattern[str]]] = [
-    (
-        "private_key",
-        "PRIVATE KEY-----",
-        re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?-----END [A-Z ]*PRIVATE KEY-----", re.S),
-    ),
-    (
-        "jwt",
-        "eyJ",
-        re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"),
-    ),
-    ("bearer", "bearer", re.compile(r"(?i)\bbearer\s+[A-Za-z0-9._~+/=-]{8,}")),
-    (
-        "api_key",
-        None,
-        re.compile(r"\b(?:sk-ant-|sk-|xox[abprs]-|gh[pousr]_|github_pat_)[A-Za-z0-9_-]{10,}"),
-    ),
-    ("aws_key", "IA", re.compile(r"\b(?:AKIA|ASIA)[A-Z0-9]{16}\b")),
-    ("whsec", "whsec_", re.compile(r"\bwhsec_[A-Za-z0-9+/=]{10,}")),
-    (
-        # Group 1 (kept) is the name and separator; an opening quote before the name stays
-        # in place either way, so the match starts at the name.
-        "secret",
-        None,
-        re.compile(
-            r"(?i)((?:password|passwd|secret|token|api[_-]?key|access[_-]?key|auth)\"?"
-            r"\s*[:=]\s*\"?)([^\s\"',}]{4,})"
-        ),
-    ),
-    ("email", "@", re.compile(r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}\b")),
-]
+_EMAIL = re.compile(r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}\b")
 
 
 def redact(text: str) -> str:
-    # Taken once: a replacement ("[REDACTED:...]") cannot create a literal checked later.
-    lowered = text.lower()
-    for kind, literal, pattern in _PATTERNS:
-        if literal is not None:
-            haystack = lowered if pattern.flags & re.IGNORECASE else text
-            if literal not in haystack:
-                continue
-        if kind == "secret":
-            text = pattern.sub(r"\1[REDACTED:secret]", text)
-        else:
-            text = pattern.sub(f"[REDACTED:{kind}]", text)
-    return text
+    text = redact_text(text)
+    return _EMAIL.sub("[REDACTED:email]", text) if "@" in text else text
 
 
 def audit_text(mode: TextMode, value: Any) -> str | None:

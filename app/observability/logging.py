@@ -10,6 +10,8 @@ from typing import Any
 import orjson
 import structlog
 
+from app.redaction import redact_payload, redact_text, secret_kind
+
 # Header names whose values must never reach a log line.
 SECRET_HEADERS = frozenset(
     {
@@ -38,10 +40,17 @@ REDACTED = "[redacted]"
 def redact_secrets(
     _: Any, __: str, event_dict: MutableMapping[str, Any]
 ) -> MutableMapping[str, Any]:
-    """Replace secret values (by key, and inside a logged ``headers`` mapping)."""
-    for key in list(event_dict):
-        if key.lower() in SECRET_KEYS:
+    """Replace secret values: by key (``SECRET_KEYS`` and any key naming a secret), inside a
+    logged ``headers`` mapping, and credential-looking text in any string value, nested ones
+    and the rendered exception included. A string costs one scan (``may_hold_secret``) unless
+    it may hold a secret."""
+    for key, value in event_dict.items():
+        if key.lower() in SECRET_KEYS or secret_kind(key) is not None:
             event_dict[key] = REDACTED
+        elif isinstance(value, str):
+            event_dict[key] = redact_text(value)
+        elif isinstance(value, Mapping | list | tuple):
+            event_dict[key] = _redact_nested(value)
     headers = event_dict.get("headers")
     if isinstance(headers, Mapping):
         event_dict["headers"] = {
@@ -49,6 +58,15 @@ def redact_secrets(
             for name, value in headers.items()
         }
     return event_dict
+
+
+def _redact_nested(value: Any) -> Any:
+    try:
+        return redact_payload(dict(value) if isinstance(value, Mapping) else value)
+    except (TypeError, ValueError):
+        # Not JSON (objects logged as they are) or nested beyond the limit: the renderer
+        # would print their repr, which cannot be checked, so print nothing of them.
+        return REDACTED
 
 
 def configure_logging(*, fmt: str = "auto", level: str = "info") -> None:
@@ -61,10 +79,11 @@ def configure_logging(*, fmt: str = "auto", level: str = "info") -> None:
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
-            redact_secrets,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
+            # Before redaction: an exception's message can carry a secret (a DSN, a token).
             structlog.processors.format_exc_info,
+            redact_secrets,
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(

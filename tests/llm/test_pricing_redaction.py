@@ -6,7 +6,7 @@ import pytest
 
 from app.config import parse_config
 from app.llm.pricing import PriceTable, Usage
-from app.llm.redaction import _PATTERNS, audit_text, prompt_hash, redact
+from app.llm.redaction import audit_text, prompt_hash, redact
 from tests.llm.harness import config_text
 
 
@@ -39,10 +39,11 @@ models:
     ("text", "leaked", "kind"),
     [
         ("contact jane.doe@example.org now", "jane.doe@example.org", "email"),
-        ("Authorization: Bearer abcdefghijklmnop", "abcdefghijklmnop", "bearer"),
+        ("Authorization: Bearer abcdefghijklmnop", "abcdefghijklmnop", "authorization"),
+        ("sent Bearer abcdefghijklmnop", "abcdefghijklmnop", "bearer"),
         ("key sk-ant-api03-abcdefghijklmnopqrstuv", "abcdefghijklmnopqrstuv", "api_key"),
         ("aws AKIAIOSFODNN7EXAMPLE here", "AKIAIOSFODNN7EXAMPLE", "aws_key"),
-        ('{"password": "hunter2hunter2"}', "hunter2hunter2", "secret"),
+        ('{"password": "hunter2hunter2"}', "hunter2hunter2", "password"),
         ("ghp_0123456789abcdefghijklmnop", "0123456789abcdef", "api_key"),
         ("jwt eyJhbGciOiJIUzI1.eyJzdWIiOiIxMjM0.c2lnbmF0dXJlMTIz", "eyJzdWIiOiIxMjM0", "jwt"),
     ],
@@ -53,28 +54,6 @@ def test_redaction_removes_secrets_and_addresses(text: str, leaked: str, kind: s
     assert f"[REDACTED:{kind}]" in redacted
 
 
-def _every_pattern(text: str) -> str:
-    """The reference: every pattern's pass, without the literal pre-checks."""
-    for kind, _, pattern in _PATTERNS:
-        replacement = r"\1[REDACTED:secret]" if kind == "secret" else f"[REDACTED:{kind}]"
-        text = pattern.sub(replacement, text)
-    return text
-
-
-@pytest.mark.parametrize(
-    "text",
-    [
-        "AUTHORIZATION: BEARER abcdefghijklmnop and BeArEr qrstuvwxyz012345",
-        '{"Password" : "hunter2hunter2", "API-Key": "k3y-value", "Token":"zzzz"}',
-        "-----BEGIN RSA PRIVATE KEY-----\nMIIabc\n-----END RSA PRIVATE KEY----- mail a@b.io",
-        "ASIAABCDEFGHIJKLMNOP whsec_abcdefghijklmnop eyJa1234567.eyJb1234567.sig12345678",
-        '"author_association": "OWNER", "login": "octocat", plain text with no secret',
-    ],
-)
-def test_literal_pre_checks_skip_no_match(text: str) -> None:
-    assert redact(text) == _every_pattern(text)
-
-
 def test_audit_text_modes_and_hash() -> None:
     blocks = [{"type": "text", "text": "mail me at a@b.io"}]
     assert audit_text("none", blocks) is None
@@ -82,3 +61,12 @@ def test_audit_text_modes_and_hash() -> None:
     assert "a@b.io" not in (audit_text("redacted", blocks) or "")
     assert prompt_hash({"a": 1, "b": 2}) == prompt_hash({"b": 2, "a": 1})
     assert prompt_hash({"a": 1}) != prompt_hash({"a": 2})
+
+
+def test_redacted_audit_text_catches_secrets_behind_escaped_quotes() -> None:
+    # The prompt is serialised into the audit row, so the payload's quotes arrive escaped.
+    prompt = '<event_payload>\n{"db":{"password":"pw-in-prompt","card":"4111 1111 1111 1111"}}'
+    text = audit_text("redacted", [{"role": "user", "content": prompt}]) or ""
+    assert "pw-in-prompt" not in text
+    assert "4111 1111 1111 1111" not in text
+    assert "[REDACTED:password]" in text

@@ -41,3 +41,37 @@ def test_bound_context_is_merged_into_every_line(capsys: pytest.CaptureFixture[s
     inside, outside = (orjson.loads(x) for x in capsys.readouterr().err.strip().splitlines())
     assert (inside["event_id"], inside["source"], inside["partition"]) == ("evt_2", "github", 3)
     assert "event_id" not in outside
+
+
+def test_credential_looking_values_are_redacted_whatever_the_key(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    configure_logging(fmt="json")
+    structlog.get_logger("t").warning(
+        "db_unreachable",
+        dsn="postgresql://app:pg-pass-123@db.internal:5432/app",
+        error="401 from upstream: Authorization: Bearer abcdefghijklmnop-77",
+        detail={"config": {"client_secret": "cs-88", "host": "db"}, "calls": ["token=tk-99"]},
+        aws_secret_access_key="wJalrXUtnFEMI-66",
+        event_id="evt_3",
+        count=3,
+    )
+    line = orjson.loads(capsys.readouterr().err.strip().splitlines()[-1])
+    text = orjson.dumps(line).decode()
+    for secret in ("pg-pass-123", "abcdefghijklmnop-77", "cs-88", "tk-99", "wJalrXUtnFEMI-66"):
+        assert secret not in text
+    assert line["dsn"] == "postgresql://app:[REDACTED:password]@db.internal:5432/app"
+    assert line["detail"]["config"]["host"] == "db"
+    assert line["aws_secret_access_key"] == "[redacted]"
+    assert (line["event_id"], line["count"]) == ("evt_3", 3)
+
+
+def test_an_exception_message_is_redacted_too(capsys: pytest.CaptureFixture[str]) -> None:
+    configure_logging(fmt="json")
+    try:
+        raise ConnectionError("cannot reach redis://:redis-pass-55@cache:6379/0")
+    except ConnectionError:
+        structlog.get_logger("t").exception("redis_down")
+    err = capsys.readouterr().err
+    assert "redis-pass-55" not in err
+    assert "[REDACTED:password]" in err

@@ -1,0 +1,120 @@
+"""Which keys name a secret: the rule, and the same vocabulary as a pattern for the scans.
+
+A key is split into words on ``_``, ``-``, ``.``, spaces and camelCase (``AWS_SECRET_ACCESS_KEY``,
+``clientSecret``, ``x-api-key`` → ``aws secret access key``, ``client secret``, ``x api key``);
+words made only of digits are dropped, trailing digits are ignored (``password2``, ``cvv2``),
+and so are trailing words that do not change what the value is (``confirmation``, ``value``,
+``new``, ``old`` ...). The key names a secret when, after that:
+
+- its last word is a secret word (password, passwd, pwd, passphrase, secret, token,
+  credentials, authorization, auth, cookie, pan, cvv ...), or a one-word key ends with a long
+  one (``adminpassword``, ``jsessionid``); or
+- its last two words are a secret pair (api key, access key, secret key, private key,
+  session id, card number ...).
+
+Only the end of the key decides, because the end says what the value is:
+``access_tokens_url`` and ``keys_url`` are URLs, ``token_type`` a type, ``max_tokens`` and
+``tokens_used`` counts, ``aws_access_key_id`` an identifier, ``password_hash`` a hash.
+"""
+
+from __future__ import annotations
+
+import re
+
+# The last word → the kind written in ``[REDACTED:<kind>]``.
+WORDS = {
+    **dict.fromkeys(("password", "passwd", "pwd", "passphrase", "passcode"), "password"),
+    **dict.fromkeys(("secret", "secrets"), "secret"),
+    "token": "token",
+    "apikey": "api_key",
+    "accesskey": "access_key",
+    "secretkey": "secret_key",
+    "privatekey": "private_key",
+    **dict.fromkeys(("credential", "credentials", "creds"), "credentials"),
+    **dict.fromkeys(("authorization", "auth"), "authorization"),
+    **dict.fromkeys(("cookie", "cookies"), "cookie"),
+    "sessionid": "session",
+    **dict.fromkeys(("cardnumber", "ccnumber", "pan", "cvv", "cvc", "ccv"), "card"),
+}
+# A one-word key ending with one of these (``dbpassword``, ``authtoken``, ``jsessionid``) is a
+# secret too; short words are left out, since ``span`` ends with ``pan`` and ``oauth`` is not
+# ``auth``.
+SUFFIXES = tuple(word for word in WORDS if len(word) >= 5)
+# The last two words → the kind.
+PAIRS = {
+    ("api", "key"): "api_key",
+    ("access", "key"): "access_key",
+    ("secret", "key"): "secret_key",
+    ("encryption", "key"): "secret_key",
+    ("master", "key"): "secret_key",
+    ("private", "key"): "private_key",
+    ("signing", "key"): "private_key",
+    ("session", "id"): "session",
+    ("session", "key"): "session",
+    ("card", "number"): "card",
+    ("card", "num"): "card",
+    ("card", "no"): "card",
+    ("cc", "number"): "card",
+    ("credit", "card"): "card",
+    ("security", "code"): "card",
+}
+QUALIFIERS = frozenset(
+    {"confirmation", "confirm", "value", "plain", "plaintext", "raw", "b64", "base64"}
+    | {"new", "old", "current"}
+)
+# What separates the words of a key (camelCase aside).
+_SEP = "[-_. ]"
+
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
+_SPLIT = re.compile(f"{_SEP}+")
+# Decisions remembered, for keys up to _CACHED_KEY_CHARS long; emptied when full, so a sender
+# making up keys cannot grow it. A dict lookup is all a known key costs.
+_DECIDED: dict[str, str | None] = {}
+_CACHED_KEYS = 4096
+_CACHED_KEY_CHARS = 80
+
+
+def secret_kind(key: str) -> str | None:
+    """The kind of secret ``key`` names (``password``, ``token``, ``api_key`` ...), or None."""
+    try:
+        return _DECIDED[key]
+    except KeyError:
+        pass
+    kind = _decide(key)
+    if len(key) <= _CACHED_KEY_CHARS:
+        if len(_DECIDED) >= _CACHED_KEYS:
+            _DECIDED.clear()
+        _DECIDED[key] = kind
+    return kind
+
+
+def _decide(key: str) -> str | None:
+    words = [w.rstrip("0123456789") for w in _SPLIT.split(_CAMEL.sub(" ", key).lower())]
+    words = [w for w in words if w]
+    while words and words[-1] in QUALIFIERS:
+        words.pop()
+    if not words:
+        return None
+    if len(words) >= 2 and (kind := PAIRS.get((words[-2], words[-1]))) is not None:
+        return kind
+    last = words[-1]
+    if (kind := WORDS.get(last)) is not None:
+        return kind
+    if len(words) == 1:
+        for suffix in SUFFIXES:
+            if last.endswith(suffix):
+                return WORDS[suffix]
+    return None
+
+
+def name_pattern(*, case_blind: bool = True) -> str:
+    """A regex matching the end of every key the rule calls secret, up to where a separator
+    (``:``, ``=``, a closing quote) may follow: a superset of the rule, for scans that must
+    not miss a key (``password``, ``apiKey``, ``client_secret_2``, ``token_value``). Without
+    ``case_blind`` it is for lower-cased text; it has no look-around either way, so the Rust
+    engine of ``app.redaction.text`` runs it too."""
+    singles = "|".join(sorted(WORDS, key=len, reverse=True))
+    pairs = "|".join(f"{a}{_SEP}*{b}" for a, b in PAIRS)
+    tail = "|".join(sorted(QUALIFIERS, key=len, reverse=True))
+    names = f"(?:{pairs}|{singles})(?:[-_. 0-9]|{tail})*"
+    return f"(?i:{names})" if case_blind else names

@@ -1,0 +1,128 @@
+"""The structural walk over a JSON payload.
+
+Every dict key is judged by ``secret_kind`` (its value, whatever its type, becomes
+``"[REDACTED:<kind>]"``), every string by the text rules, and a string holding a JSON object
+or array is parsed, walked, and serialised back only when something in it was redacted (so
+``"{\\"password\\": \\"x\\"}"`` is caught, at any number of levels, and untouched JSON text keeps
+its spacing). Numbers are redacted only by their key: 18-19 digit ids are common.
+
+Invariants:
+- The input is never changed; the result is a new value (or the input itself, from
+  ``redact_to_json``, when nothing needed redacting).
+- A document (the payload, or JSON held in one of its strings) nested deeper than
+  ``MAX_DEPTH`` levels raises ``NestingTooDeep``; the walk keeps its own stack, so Python's
+  recursion limit is never reached (JSON in strings recurses once per level of escaping,
+  and each level is at least one level deeper).
+- ``redact_to_json`` walks only when ``may_hold_secret`` accepts the serialised payload, and
+  the JSON it returns is that of the payload it returns.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from app.redaction.keys import secret_kind
+from app.redaction.text import may_hold_secret, redact_text
+
+# orjson serialises up to 254 levels of nesting; the walk refuses what it could not write back.
+MAX_DEPTH = 254
+# No rule matches fewer characters ("pwd=x").
+_SHORTEST_MATCH = 5
+
+
+class NestingTooDeep(ValueError):
+    def __init__(self) -> None:
+        super().__init__(f"JSON is nested deeper than {MAX_DEPTH} levels")
+
+
+def payload_to_json(payload: Any) -> bytes:
+    """The payload's JSON; ``NestingTooDeep`` past ``MAX_DEPTH`` levels."""
+    try:
+        return orjson.dumps(payload)
+    except orjson.JSONEncodeError as exc:
+        # orjson says so only in the message; any other encoding error is not ours to rename.
+        if "recursion limit" in str(exc).lower():
+            raise NestingTooDeep from None
+        raise
+
+
+def redact_payload(payload: Any) -> Any:
+    """A redacted copy of ``payload``, always walked (no pre-check)."""
+    redacted, _ = _redact_value(orjson.loads(payload_to_json(payload)))
+    return redacted
+
+
+def redact_to_json(payload: Any) -> tuple[Any, bytes]:
+    """The redacted payload and its JSON, walking only when the JSON may hold a secret."""
+    data = payload_to_json(payload)
+    if not may_hold_secret(data.decode()):
+        return payload, data
+    redacted, changed = _redact_value(orjson.loads(data))
+    if not changed:
+        return payload, data
+    return redacted, orjson.dumps(redacted)
+
+
+def _redact_value(value: Any) -> tuple[Any, bool]:
+    """``value`` redacted (containers in place) and whether anything changed."""
+    if isinstance(value, dict | list):
+        return value, _walk(value)
+    if isinstance(value, str):
+        redacted = _redact_string(value)
+        return redacted, redacted is not value
+    return value, False
+
+
+def _walk(root: dict[str, Any] | list[Any], *, escapes: int = 0) -> bool:
+    """Redact ``root`` in place, level by level; True when anything was replaced.
+
+    ``escapes`` counts the JSON documents held in strings around ``root``."""
+    changed = False
+    stack: list[tuple[dict[str, Any] | list[Any], int]] = [(root, 1)]
+    # Assigning to an existing key or index while iterating is safe: sizes stay the same.
+    while stack:
+        node, depth = stack.pop()
+        entries = node.items() if isinstance(node, dict) else enumerate(node)
+        for key, value in entries:
+            if type(key) is str and (kind := secret_kind(key)) is not None:
+                redacted: Any = f"[REDACTED:{kind}]"
+            elif isinstance(value, str):
+                redacted = _redact_string(value, escapes=escapes)
+                if redacted is value:
+                    continue
+            else:
+                if isinstance(value, dict | list):
+                    if depth >= MAX_DEPTH:
+                        raise NestingTooDeep
+                    if value:
+                        stack.append((value, depth + 1))
+                continue
+            node[key] = redacted  # type: ignore[index]
+            changed = True
+    return changed
+
+
+def _redact_string(text: str, *, escapes: int = 0) -> str:
+    """The same object when nothing in ``text`` needs redacting.
+
+    A string holding a JSON object, array or string (JSON encoded twice) is redacted as JSON.
+    Each level of escaping at least doubles the backslashes, so real payloads stay a few
+    levels deep; ``MAX_DEPTH`` bounds the recursion all the same."""
+    if len(text) < _SHORTEST_MATCH or not may_hold_secret(text):
+        return text
+    if text.lstrip()[:1] in ("{", "[", '"'):
+        try:
+            inner = orjson.loads(text)
+        except orjson.JSONDecodeError:
+            inner = None  # not JSON after all: the text rules apply
+        if isinstance(inner, dict | list | str):
+            if escapes >= MAX_DEPTH:
+                raise NestingTooDeep
+            if isinstance(inner, str):
+                redacted = _redact_string(inner, escapes=escapes + 1)
+                return text if redacted is inner else orjson.dumps(redacted).decode()
+            changed = _walk(inner, escapes=escapes + 1)
+            return orjson.dumps(inner).decode() if changed else text
+    return redact_text(text)
