@@ -1,4 +1,5 @@
-"""Ingest: verify → describe → per event: filter → collapse → dedup + enqueue.
+"""Ingest: verify → describe → bound and serialise every event → per event: filter →
+collapse → dedup + enqueue.
 
 Invariant: the caller sends 2xx only after every event of the request was enqueued (or found
 to be a duplicate, filtered or collapsed). Events are enqueued one after another, in request
@@ -10,7 +11,7 @@ same delivery ids, so the events already queued are answered ``duplicate``, neve
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 import structlog
@@ -19,6 +20,13 @@ from redis.exceptions import RedisError
 from app.config import GatewayConfig, SourceConfig
 from app.errors import QueueUnavailable
 from app.ingest.adapter import Described, Headers, SourceAdapter, resolve_key
+from app.ingest.bounds import (
+    MAX_DELIVERY_ID_CHARS,
+    MAX_GROUP_KEY_CHARS,
+    bounded_key,
+    checked_type,
+    serialised,
+)
 from app.ingest.collapse import AlertCollapser
 from app.ingest.exceptions import UnknownSource
 from app.ingest.filters import evaluate
@@ -96,7 +104,11 @@ class IngestService:
     ) -> IngestOutcome:
         try:
             await source.adapter.verify(headers, body)
-            described = await source.adapter.describe(headers, body)
+            described = [_bounded(item) for item in await source.adapter.describe(headers, body)]
+            # Every event of the request is built and serialised before the first is queued:
+            # one that cannot be stored refuses the whole request, never half of a batch.
+            prepared = [self._event(source, item) for item in described]
+            data = [serialised(event) for event in prepared]
         except Exception as exc:
             outcome = type(exc).__name__ if hasattr(exc, "status_code") else "error"
             WEBHOOKS_RECEIVED.labels(source=source.name, outcome=outcome).inc()
@@ -107,8 +119,8 @@ class IngestService:
             return IngestOutcome([EventOutcome(None, "ignored")], batch=False)
         outcomes: list[EventOutcome] = []
         try:
-            for item in described:
-                outcomes.append(await self._one(source, item))
+            for item, event, event_bytes in zip(described, prepared, data, strict=True):
+                outcomes.append(await self._one(source, item, event, event_bytes))
         except (RedisError, OSError) as exc:
             WEBHOOKS_RECEIVED.labels(source=source.name, outcome="QueueUnavailable").inc()
             log.warning("enqueue_failed", source=source.name, error=type(exc).__name__)
@@ -117,7 +129,9 @@ class IngestService:
             WEBHOOKS_RECEIVED.labels(source=source.name, outcome=done.status).inc()
         return IngestOutcome(outcomes, batch=batch)
 
-    async def _one(self, source: RegisteredSource, item: Described) -> EventOutcome:
+    async def _one(
+        self, source: RegisteredSource, item: Described, event: Event, data: bytes
+    ) -> EventOutcome:
         fields = {"source": source.name, "event_type": item.type, "group_key": item.group_key}
         verdict = evaluate(source.config.filters, item.type, item.payload)
         if not verdict.keep:
@@ -134,13 +148,12 @@ class IngestService:
                 )
                 detail = f"repeat {repeat.repeats} of an alert already sent to the LLM"
                 return EventOutcome(repeat.event_id, "collapsed", detail)
-        event = self._event(source, item)
         result = await self.queue.enqueue(
             event_id=event.id,
             source=source.name,
             delivery_id=event.delivery_id,
             group_key=event.group_key,
-            data=event.to_bytes(),
+            data=data,
             dedup_window_ms=source.dedup_window_ms,
         )
         status = "queued" if result.created else "duplicate"
@@ -194,3 +207,13 @@ class IngestService:
             await self.collapser.forget(source=source.name, fingerprints=resolved)
         except (RedisError, OSError) as exc:
             log.warning("collapse_not_recorded", source=source.name, error=type(exc).__name__)
+
+
+def _bounded(item: Described) -> Described:
+    """The event as the database can store it (see ``app/ingest/bounds.py``)."""
+    return replace(
+        item,
+        type=checked_type(item.type),
+        delivery_id=bounded_key(item.delivery_id, MAX_DELIVERY_ID_CHARS),
+        group_key=bounded_key(item.group_key, MAX_GROUP_KEY_CHARS),
+    )
