@@ -5,6 +5,7 @@ AppError
 ├── InvalidSignature 401      (missing or wrong signature / token)
 │   └── StaleTimestamp 401    (signed timestamp outside the tolerance)
 ├── RequestTimeout 408        (the body did not arrive within the read timeout)
+├── ClientDisconnected 499    (the sender hung up mid-body: nobody reads the answer)
 ├── PayloadTooLarge 413
 ├── UnsupportedMediaType 415
 └── InvalidPayload 400        (not JSON, or JSON the source type cannot read)
@@ -29,6 +30,11 @@ class StaleTimestamp(InvalidSignature):
 
 class RequestTimeout(AppError):
     status_code = 408
+
+
+class ClientDisconnected(AppError):
+    # 499 as nginx logs it ("client closed request"); no client ever receives it.
+    status_code = 499
 
 
 class PayloadTooLarge(AppError):

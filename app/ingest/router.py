@@ -15,16 +15,19 @@ from __future__ import annotations
 import asyncio
 
 import orjson
+import structlog
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.errors import AppError, app_error_response, error_responses
-from app.ingest.exceptions import PayloadTooLarge, RequestTimeout
+from app.errors import AppError, InternalError, app_error_response, error_responses
+from app.ingest.exceptions import ClientDisconnected, PayloadTooLarge, RequestTimeout
 from app.ingest.schemas import BatchIngestResponse, IngestResponse
 from app.state import AppState
 
 router = APIRouter(tags=["ingest"])
+log = structlog.get_logger(__name__)
 
 _ERRORS = error_responses(
     [
@@ -34,6 +37,7 @@ _ERRORS = error_responses(
         (408, "RequestTimeout", "the body was not received within 30s"),
         (413, "PayloadTooLarge", "body is larger than 5242880 bytes"),
         (415, "UnsupportedMediaType", "expected application/json"),
+        (500, "InternalError", "unexpected error; it was logged"),
         (503, "QueueUnavailable", "the event queue is unreachable or full; retry later"),
     ]
 )
@@ -80,6 +84,8 @@ async def read_limited(request: Request, limit: int, *, read_seconds: float | No
                 chunks.append(chunk)
     except TimeoutError:
         raise RequestTimeout(f"the body was not received within {read_seconds:g}s") from None
+    except ClientDisconnect:
+        raise ClientDisconnected(f"the sender hung up after {size} bytes of its body") from None
     return b"".join(chunks)
 
 
@@ -110,9 +116,17 @@ async def receive_webhook(source: str, request: Request) -> Response:
     service = state.ingest
     registered = service.source(source)
     state.backlog.check()
-    body = await read_limited(
-        request, registered.max_body_bytes, read_seconds=state.settings.body_read_timeout_seconds
-    )
+    try:
+        body = await read_limited(
+            request,
+            registered.max_body_bytes,
+            read_seconds=state.settings.body_read_timeout_seconds,
+        )
+    except ClientDisconnected as exc:
+        # Nobody is left to answer; senders do this routinely (timeouts, deploys).
+        client = request.client.host if request.client else None
+        log.info("webhook_client_disconnected", source=source, remote=client, detail=exc.message)
+        raise
     outcome = await service.ingest(registered, request.headers, body)
     queued = sum(1 for e in outcome.events if e.status == "queued")
     if queued:
@@ -149,6 +163,10 @@ class WebhookFastPath:
                     response = await receive_webhook(source, Request(scope, receive))
                 except AppError as exc:
                     response = app_error_response(exc)
+                except Exception:
+                    # Logged here, once, without the body; answered like any other error.
+                    log.exception("webhook_failed", source=source)
+                    response = app_error_response(InternalError())
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)

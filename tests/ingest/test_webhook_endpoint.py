@@ -12,6 +12,7 @@ import pytest
 from redis import Redis
 
 from app.config import load_config
+from app.errors import InternalErrorMiddleware
 from app.ingest.router import WebhookFastPath
 from app.main import create_app
 from app.settings import Settings
@@ -219,7 +220,8 @@ def test_webhooks_are_served_by_the_fast_path_and_documented_by_fastapi(
     go on to the router."""
     url, _ = api
     app = create_app(Settings(), load_config(None, env={}), role="api")
-    assert [m.cls for m in app.user_middleware] == [WebhookFastPath]  # type: ignore[comparison-overlap]
+    # The fast path first; the last-resort JSON 500 handler around the routes.
+    assert [m.cls for m in app.user_middleware] == [WebhookFastPath, InternalErrorMiddleware]  # type: ignore[comparison-overlap]
     operation = httpx.get(f"{url}/openapi.json").json()["paths"]["/v1/webhooks/{source}"]
     assert [p["name"] for p in operation["post"]["parameters"]] == ["source"]
     assert {"202", "401", "404", "413", "503"} <= set(operation["post"]["responses"])
