@@ -36,6 +36,11 @@ class Described:
     resolved: tuple[str, ...] = ()
 
 
+class Batch(list[Described]):
+    """The events of a batch request (CloudEvents batch mode, an array with ``split: true``),
+    possibly none: a batch is always answered ``{"events": [...]}``, an empty one too."""
+
+
 class SourceAdapter(Protocol):
     async def verify(self, headers: Headers, body: bytes) -> None: ...
 

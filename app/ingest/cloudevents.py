@@ -3,7 +3,8 @@
 - structured: ``Content-Type: application/cloudevents+json``, the body is the event;
 - batch: ``application/cloudevents-batch+json``, the body is an array of events;
 - binary: attributes in ``ce-*`` headers, the body is the event's ``data`` in its own
-  content type (JSON is parsed, other text kept as a string, anything else base64).
+  content type (JSON is parsed, other text kept as a string, anything else becomes
+  ``data_base64``, as structured mode carries binary data).
 
 Every mode becomes the structured form (``specversion``, ``id``, ``source``, ``type``,
 ``subject``, ``time``, ``data`` and extensions), so group-key paths and filters read the same
@@ -18,7 +19,7 @@ import base64
 from typing import Any
 from urllib.parse import unquote
 
-from app.ingest.adapter import Described, Headers, media_type, parse_json, resolve_key
+from app.ingest.adapter import Batch, Described, Headers, media_type, parse_json, resolve_key
 from app.ingest.auth import HmacDefaults, build_authenticator
 from app.ingest.exceptions import InvalidPayload
 from app.source_config import SourceConfig
@@ -44,7 +45,7 @@ class CloudEventsSource:
             batch = parse_json(body, media)
             if not isinstance(batch, list):
                 raise InvalidPayload("a CloudEvents batch is a JSON array")
-            return [self._event(_checked(e, f"event {i}"), i) for i, e in enumerate(batch)]
+            return Batch(self._event(_checked(e, f"event {i}"), i) for i, e in enumerate(batch))
         if media == STRUCTURED:
             return [self._event(_checked(parse_json(body, media), "event"), None)]
         if "ce-specversion" in headers:
@@ -84,14 +85,12 @@ def _from_binary(headers: Headers, body: bytes, media: str) -> dict[str, Any]:
     }
     if media:
         event["datacontenttype"] = headers.get("content-type", media)
-    if body:
-        event["data"] = _binary_data(body, media)
-    return event
-
-
-def _binary_data(body: bytes, media: str) -> Any:
+    if not body:
+        return event
     if not media or media == "application/json" or media.endswith("+json"):
-        return parse_json(body)
-    if media.startswith("text/") or media in ("application/xml", "application/x-yaml"):
-        return body.decode("utf-8", "replace")
-    return {"base64": base64.b64encode(body).decode()}
+        event["data"] = parse_json(body)
+    elif media.startswith("text/") or media in ("application/xml", "application/x-yaml"):
+        event["data"] = body.decode("utf-8", "replace")
+    else:
+        event["data_base64"] = base64.b64encode(body).decode()
+    return event

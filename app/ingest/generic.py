@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from app.ingest.adapter import (
+    Batch,
     Described,
     Headers,
     content_hash,
@@ -60,7 +61,7 @@ class GenericSource:
         if not isinstance(payload, list) or not self.config.split:
             delivery = base_id or resolve_key(payload, self.config.delivery_id)
             return [self._event(payload, delivery or content_hash(payload), None)]
-        events = []
+        events = Batch()
         for index, reading in enumerate(payload):
             if not isinstance(reading, dict):
                 raise InvalidPayload(f"reading {index} is not a JSON object")

@@ -19,7 +19,7 @@ from redis.exceptions import RedisError
 
 from app.config import GatewayConfig, SourceConfig
 from app.errors import QueueUnavailable
-from app.ingest.adapter import Described, Headers, SourceAdapter, resolve_key
+from app.ingest.adapter import Batch, Described, Headers, SourceAdapter, resolve_key
 from app.ingest.bounds import (
     MAX_DELIVERY_ID_CHARS,
     MAX_GROUP_KEY_CHARS,
@@ -104,7 +104,9 @@ class IngestService:
     ) -> IngestOutcome:
         try:
             await source.adapter.verify(headers, body)
-            described = [_bounded(item) for item in await source.adapter.describe(headers, body)]
+            found = await source.adapter.describe(headers, body)
+            batch = isinstance(found, Batch) or any(d.batch_index is not None for d in found)
+            described = [_bounded(item) for item in found]
             # Every event of the request is built and serialised before the first is queued:
             # one that cannot be stored refuses the whole request, never half of a batch.
             prepared = [self._event(source, item) for item in described]
@@ -113,10 +115,9 @@ class IngestService:
             outcome = type(exc).__name__ if hasattr(exc, "status_code") else "error"
             WEBHOOKS_RECEIVED.labels(source=source.name, outcome=outcome).inc()
             raise
-        batch = any(d.batch_index is not None for d in described)
         if not described:
             WEBHOOKS_RECEIVED.labels(source=source.name, outcome="ignored").inc()
-            return IngestOutcome([EventOutcome(None, "ignored")], batch=False)
+            return IngestOutcome([] if batch else [EventOutcome(None, "ignored")], batch=batch)
         outcomes: list[EventOutcome] = []
         try:
             for item, event, event_bytes in zip(described, prepared, data, strict=True):

@@ -205,3 +205,22 @@ def test_group_key_templates_need_every_part() -> None:
     assert resolve_key(data, "{device.site}/{device.serial}") is None
     assert resolve_key(data, "device.id") == "7"
     assert resolve_key(data, "device") is None  # an object is not a key
+
+
+async def test_cloudevents_binary_mode_keeps_non_text_data_as_data_base64() -> None:
+    adapter = build_adapter("ce", config(type="cloudevents", token="t"))
+    raw = bytes(range(256))
+    headers = {
+        "content-type": "application/octet-stream",
+        "ce-specversion": "1.0",
+        "ce-id": "blob-1",
+        "ce-source": "/cameras/gate",
+        "ce-type": "com.acme.snapshot",
+    }
+    (event,) = await adapter.describe(headers, raw)
+    # The structured form of the same event (what structured mode would have carried).
+    assert event.payload["data_base64"] == base64.b64encode(raw).decode()
+    assert "data" not in event.payload
+    assert event.payload["datacontenttype"] == "application/octet-stream"
+    text = await adapter.describe(headers | {"content-type": "text/plain"}, b"hello")
+    assert text[0].payload["data"] == "hello"

@@ -231,6 +231,21 @@ def test_cloudevents_batch_and_binary_over_http(gateway: tuple[httpx.Client, Fak
     assert (structured.status_code, structured.json()["status"]) == (202, "queued")
 
 
+def test_an_empty_batch_is_answered_as_a_batch(gateway: tuple[httpx.Client, FakeSnsHttp]) -> None:
+    client, _ = gateway
+    empty = client.post(
+        "/v1/webhooks/events",
+        content=b"[]",
+        headers={
+            "Authorization": "Bearer ce-token",
+            "Content-Type": "application/cloudevents-batch+json",
+        },
+    )
+    assert (empty.status_code, empty.json()) == (200, {"events": []})
+    split = client.post("/v1/webhooks/sensors", content=b"[]", headers=_sensor_headers(b"[]"))
+    assert (split.status_code, split.json()) == (200, {"events": []})
+
+
 def test_sns_notification_and_subscription_over_http(
     gateway: tuple[httpx.Client, FakeSnsHttp], signer: SnsSigner
 ) -> None:
