@@ -90,6 +90,8 @@ class Settings(BaseSettings):
 
     # Hardening: a sender must deliver its whole body within this long (408 otherwise).
     body_read_timeout_seconds: float = Field(default=30.0, gt=0)
+    # Serve with the built-in development secrets on a non-loopback address (a local demo).
+    allow_dev_secrets: bool = False
 
     @property
     def anthropic_api_key(self) -> str | None:

@@ -20,7 +20,7 @@ from app.ingest.auth import HmacDefaults, build_authenticator
 from app.ingest.exceptions import InvalidSignature, StaleTimestamp
 from app.source_config import SourceConfig
 
-SECRET = "s3cr3t"
+SECRET = "constant-time-s3cr3t"
 BODY = b'{"a": 1}'
 Check = Callable[[bool], None]  # right=True uses the right credential
 
