@@ -5,6 +5,11 @@ into zero or more ``Described`` events: zero means "answer, but queue nothing" (
 an SNS subscription confirmation), several mean a batch (CloudEvents batch mode, an array of
 readings with ``split: true``). ``delivery_id`` is the sender's retry identity: the same
 request sent again must describe the same delivery ids, so a retry after a 503 is deduplicated.
+
+Where the delivery id comes from a header the signature does not cover (GitHub's
+``X-GitHub-Delivery``, a generic ``delivery_header``, binary CloudEvents' ``ce-id``), anyone
+who saw one signed request can send it again under a new id. Such events also carry a
+``replay_id``, a digest of what the signature covers, and a match on either is a duplicate.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ class Described:
     # Alert fingerprints for collapse: firing ones may collapse, resolved ones end a window.
     firing: tuple[str, ...] = ()
     resolved: tuple[str, ...] = ()
+    # Digest of the signed material when ``delivery_id`` is not signed (see above).
+    replay_id: str | None = None
 
 
 class Batch(list[Described]):
@@ -102,6 +109,16 @@ def first_key(payload: Any, specs: list[str]) -> str | None:
 def content_hash(value: Any) -> str:
     """A stable id for a JSON value (keys sorted), for senders with no delivery id."""
     return hashlib.sha256(orjson.dumps(value, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+def signed_digest(body: bytes, *, timestamp: str | None = None) -> str:
+    """The identity of a signed request: its body, and the signed timestamp if any (so a
+    sender signing the same body again later is a new request, a replay is not)."""
+    digest = hashlib.sha256()
+    if timestamp is not None:
+        digest.update(timestamp.encode() + b"\n")
+    digest.update(body)
+    return digest.hexdigest()
 
 
 def media_type(headers: Headers) -> str:

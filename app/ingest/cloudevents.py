@@ -10,16 +10,27 @@ Every mode becomes the structured form (``specversion``, ``id``, ``source``, ``t
 ``subject``, ``time``, ``data`` and extensions), so group-key paths and filters read the same
 whatever the mode. ``source + id`` identifies an event (the spec's uniqueness rule), which is
 the dedup identity. Auth is a bearer token or an HMAC over the raw body; in binary mode the
-``ce-*`` headers are outside the HMAC (Knative and Event Grid do not sign them either).
+``ce-*`` headers are outside the HMAC (Knative and Event Grid do not sign them either), so
+with an HMAC secret a binary event also carries the signed body's digest as a second dedup
+identity: the same signed body under a new ``ce-id`` is a duplicate.
 """
 
 from __future__ import annotations
 
 import base64
+from dataclasses import replace
 from typing import Any
 from urllib.parse import unquote
 
-from app.ingest.adapter import Batch, Described, Headers, media_type, parse_json, resolve_key
+from app.ingest.adapter import (
+    Batch,
+    Described,
+    Headers,
+    media_type,
+    parse_json,
+    resolve_key,
+    signed_digest,
+)
 from app.ingest.auth import HmacDefaults, build_authenticator
 from app.ingest.exceptions import InvalidPayload
 from app.source_config import SourceConfig
@@ -34,6 +45,8 @@ class CloudEventsSource:
     def __init__(self, name: str, config: SourceConfig) -> None:
         self.name = name
         self.group_key = config.group_key
+        self.signed = bool(config.secrets())
+        self.timestamp_header = config.signature.timestamp_header if config.signature else None
         self.authenticate = build_authenticator(config, hmac_defaults=CE_HMAC)
 
     async def verify(self, headers: Headers, body: bytes) -> None:
@@ -49,7 +62,11 @@ class CloudEventsSource:
         if media == STRUCTURED:
             return [self._event(_checked(parse_json(body, media), "event"), None)]
         if "ce-specversion" in headers:
-            return [self._event(_checked(_from_binary(headers, body, media), "event"), None)]
+            event = self._event(_checked(_from_binary(headers, body, media), "event"), None)
+            if not self.signed:
+                return [event]
+            stamp = headers.get(self.timestamp_header.lower()) if self.timestamp_header else None
+            return [replace(event, replay_id=signed_digest(body, timestamp=stamp))]
         raise InvalidPayload(
             f"not a CloudEvent: expected {STRUCTURED}, {BATCH} or ce-* headers (binary mode)"
         )

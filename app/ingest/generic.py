@@ -8,7 +8,9 @@ without holding up another's. Without ``split`` the array is one event.
 Delivery ids, in order of preference: the Standard Webhooks ``webhook-id``, the configured
 ``delivery_header``, the configured ``delivery_id`` path, a hash of the content. A reading of
 a split batch adds its position (``<id>#<i>``) or, with only a content hash, hashes itself,
-so a sender retrying the same batch is deduplicated reading by reading.
+so a sender retrying the same batch is deduplicated reading by reading. A ``delivery_header``
+is not signed: with an HMAC scheme, the signed material's digest (``#<i>`` per reading) is a
+second identity, so a replay under a new delivery id is a duplicate too.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from app.ingest.adapter import (
     media_type,
     parse_json,
     resolve_key,
+    signed_digest,
 )
 from app.ingest.auth import DEFAULT_TOLERANCE, HmacDefaults, build_authenticator
 from app.ingest.exceptions import InvalidPayload
@@ -58,17 +61,27 @@ class GenericSource:
     async def describe(self, headers: Headers, body: bytes) -> list[Described]:
         payload = parse_json(body, media_type(headers))
         base_id = self._request_id(headers)
+        signed = self._replay_id(headers, body) if base_id else None
         if not isinstance(payload, list) or not self.config.split:
             delivery = base_id or resolve_key(payload, self.config.delivery_id)
-            return [self._event(payload, delivery or content_hash(payload), None)]
+            return [self._event(payload, delivery or content_hash(payload), None, signed)]
         events = Batch()
         for index, reading in enumerate(payload):
             if not isinstance(reading, dict):
                 raise InvalidPayload(f"reading {index} is not a JSON object")
             own = resolve_key(reading, self.config.delivery_id)
             delivery = own or (f"{base_id}#{index}" if base_id else content_hash(reading))
-            events.append(self._event(reading, delivery, index))
+            replay = f"{signed}#{index}" if signed and not own else None
+            events.append(self._event(reading, delivery, index, replay))
         return events
+
+    def _replay_id(self, headers: Headers, body: bytes) -> str | None:
+        """Only the header-borne ids of an HMAC scheme need one (webhook-id is signed)."""
+        if self.standard or not self.config.secrets():
+            return None
+        scheme = self.config.signature
+        stamp = scheme.timestamp_header if scheme else None
+        return signed_digest(body, timestamp=headers.get(stamp.lower()) if stamp else None)
 
     def _request_id(self, headers: Headers) -> str | None:
         if self.standard:
@@ -77,7 +90,9 @@ class GenericSource:
             return headers.get(self.config.delivery_header.lower()) or None
         return None
 
-    def _event(self, payload: Any, delivery: str, index: int | None) -> Described:
+    def _event(
+        self, payload: Any, delivery: str, index: int | None, replay_id: str | None
+    ) -> Described:
         event_type = resolve_key(payload, self.config.event_type or "type")
         return Described(
             type=event_type or ("reading" if index is not None else "webhook"),
@@ -85,4 +100,5 @@ class GenericSource:
             group_key=resolve_key(payload, self.config.group_key) or self.name,
             payload=payload,
             batch_index=index,
+            replay_id=replay_id,
         )

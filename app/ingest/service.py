@@ -156,6 +156,7 @@ class IngestService:
             group_key=event.group_key,
             data=data,
             dedup_window_ms=source.dedup_window_ms,
+            replay_id=item.replay_id,
         )
         status = "queued" if result.created else "duplicate"
         if not result.created:

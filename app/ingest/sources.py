@@ -4,6 +4,8 @@ GitHub sends ~60 event kinds; all share the envelope read here: the kind in
 ``X-GitHub-Event``, an optional ``action`` (the event type becomes ``kind.action``), the
 delivery GUID in ``X-GitHub-Delivery`` (kept across GitHub's redeliveries) and one of
 ``repository`` / ``organization`` / ``installation`` / ``sender`` naming what it is about.
+Only the body is signed, so its digest is a second dedup identity (a replay under a new
+delivery GUID is a duplicate).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from app.ingest.adapter import (
     first_key,
     media_type,
     parse_json,
+    signed_digest,
 )
 from app.ingest.alerting import AlertSource
 from app.ingest.cloudevents import CloudEventsSource
@@ -70,7 +73,15 @@ class GitHubSource:
         action = payload.get("action")
         event_type = f"{kind}.{action}" if isinstance(action, str) and action else kind
         delivery = headers.get("x-github-delivery") or content_hash(payload)
-        return [Described(event_type, delivery, self.group_key_of(kind, payload), payload)]
+        return [
+            Described(
+                event_type,
+                delivery,
+                self.group_key_of(kind, payload),
+                payload,
+                replay_id=signed_digest(body),  # X-GitHub-Delivery is not signed
+            )
+        ]
 
     def group_key_of(self, kind: str, payload: dict[str, Any]) -> str:
         specs = [s for s in (self.group_key, self.group_keys.get(kind)) if s]
