@@ -8,7 +8,9 @@ AppError
 ├── ClientDisconnected 499    (the sender hung up mid-body: nobody reads the answer)
 ├── PayloadTooLarge 413
 ├── UnsupportedMediaType 415
-└── InvalidPayload 400        (not JSON, or JSON the source type cannot read)
+├── InvalidPayload 400        (not JSON, or JSON the source type cannot read)
+└── Unavailable 503           (nothing was accepted; retry after ``Retry-After`` seconds)
+    └── CertificateUnavailable  (SNS: the signing certificate could not be fetched)
 """
 
 from __future__ import annotations
@@ -47,3 +49,19 @@ class UnsupportedMediaType(AppError):
 
 class InvalidPayload(AppError):
     status_code = 400
+
+
+class Unavailable(AppError):
+    status_code = 503
+
+    def __init__(self, message: str, *, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = max(1, retry_after)
+
+    @property
+    def headers(self) -> dict[str, str] | None:
+        return {"Retry-After": str(self.retry_after)}
+
+
+class CertificateUnavailable(Unavailable):
+    pass

@@ -271,3 +271,18 @@ def test_sns_notification_and_subscription_over_http(
     tampered = orjson.loads(body) | {"Message": "{}"}
     refused = client.post("/v1/webhooks/aws", content=orjson.dumps(tampered), headers=headers)
     assert refused.status_code == 401
+
+
+def test_sns_certificate_outage_is_a_503_sns_will_retry(
+    gateway: tuple[httpx.Client, FakeSnsHttp], signer: SnsSigner
+) -> None:
+    client, sns_http = gateway
+    unreachable = "https://sns.eu-west-1.amazonaws.com/SimpleNotificationService-down.pem"
+    body = orjson.dumps(signer.sign(payload("sns_cloudwatch_alarm.json"), cert_url=unreachable))
+    headers = {"Content-Type": "text/plain; charset=UTF-8"}
+    for _ in range(2):
+        reply = client.post("/v1/webhooks/aws", content=body, headers=headers)
+        assert reply.status_code == 503
+        assert reply.json()["error"] == "CertificateUnavailable"
+        assert 1 <= int(reply.headers["Retry-After"]) <= 30
+    assert sns_http.fetched.count(unreachable) == 1  # the failure is remembered for a while
