@@ -113,20 +113,20 @@ async def receive_webhook(source: str, request: Request) -> Response:
     `{"events": [...]}`, one entry per event in request order; 202 if any was queued.
     """
     state: AppState = request.app.state.gateway
+    try:
+        return await _receive(state, source, request)
+    except AppError as exc:
+        state.ingest.rejected(source, exc, remote=request.client.host if request.client else None)
+        raise
+
+
+async def _receive(state: AppState, source: str, request: Request) -> Response:
     service = state.ingest
     registered = service.source(source)
     state.backlog.check()
-    try:
-        body = await read_limited(
-            request,
-            registered.max_body_bytes,
-            read_seconds=state.settings.body_read_timeout_seconds,
-        )
-    except ClientDisconnected as exc:
-        # Nobody is left to answer; senders do this routinely (timeouts, deploys).
-        client = request.client.host if request.client else None
-        log.info("webhook_client_disconnected", source=source, remote=client, detail=exc.message)
-        raise
+    body = await read_limited(
+        request, registered.max_body_bytes, read_seconds=state.settings.body_read_timeout_seconds
+    )
     outcome = await service.ingest(registered, request.headers, body)
     queued = sum(1 for e in outcome.events if e.status == "queued")
     if queued:

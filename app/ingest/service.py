@@ -18,7 +18,7 @@ import structlog
 from redis.exceptions import RedisError
 
 from app.config import GatewayConfig, SourceConfig
-from app.errors import QueueUnavailable
+from app.errors import AppError, QueueUnavailable
 from app.ingest.adapter import Batch, Described, Headers, SourceAdapter, resolve_key
 from app.ingest.bounds import (
     MAX_DELIVERY_ID_CHARS,
@@ -28,8 +28,9 @@ from app.ingest.bounds import (
     serialised,
 )
 from app.ingest.collapse import AlertCollapser
-from app.ingest.exceptions import UnknownSource
+from app.ingest.exceptions import ClientDisconnected, UnknownSource
 from app.ingest.filters import evaluate
+from app.ingest.rejections import UNKNOWN_SOURCE, RejectionLog, count_rejection
 from app.ingest.schemas import Event
 from app.ingest.sources import AdapterDeps, build_adapter
 from app.observability.metrics import (
@@ -79,9 +80,11 @@ class IngestService:
         max_body_bytes: int,
         dedup_window_seconds: int,
         deps: AdapterDeps | None = None,
+        rejections: RejectionLog | None = None,
     ) -> None:
         self.queue = queue
         self.collapser = collapser
+        self.rejections = rejections or RejectionLog()
         self.sources = {
             name: RegisteredSource(
                 name=name,
@@ -99,6 +102,25 @@ class IngestService:
         except KeyError:
             raise UnknownSource(f"no source named {name!r} is configured") from None
 
+    def rejected(self, name: str, error: AppError, *, remote: str | None) -> None:
+        """Count and (rate-limited) log a delivery answered with ``error``."""
+        known = name in self.sources
+        source = name if known else UNKNOWN_SOURCE
+        kind = type(error).__name__
+        count_rejection(source, kind)
+        if isinstance(error, ClientDisconnected):
+            # Nobody is left to answer; senders do this routinely (timeouts, deploys).
+            log.info("webhook_client_disconnected", source=source, remote=remote)
+            return
+        self.rejections.record(
+            source=source,
+            error=kind,
+            status=error.status_code,
+            remote=remote,
+            detail=error.message,
+            requested=None if known else name,
+        )
+
     async def ingest(
         self, source: RegisteredSource, headers: Headers, body: bytes
     ) -> IngestOutcome:
@@ -112,8 +134,8 @@ class IngestService:
             prepared = [self._event(source, item) for item in described]
             data = [serialised(event) for event in prepared]
         except Exception as exc:
-            outcome = type(exc).__name__ if hasattr(exc, "status_code") else "error"
-            WEBHOOKS_RECEIVED.labels(source=source.name, outcome=outcome).inc()
+            if not isinstance(exc, AppError):  # rejections are counted by ``rejected``
+                WEBHOOKS_RECEIVED.labels(source=source.name, outcome="error").inc()
             raise
         if not described:
             WEBHOOKS_RECEIVED.labels(source=source.name, outcome="ignored").inc()
@@ -123,7 +145,6 @@ class IngestService:
             for item, event, event_bytes in zip(described, prepared, data, strict=True):
                 outcomes.append(await self._one(source, item, event, event_bytes))
         except (RedisError, OSError) as exc:
-            WEBHOOKS_RECEIVED.labels(source=source.name, outcome="QueueUnavailable").inc()
             log.warning("enqueue_failed", source=source.name, error=type(exc).__name__)
             raise QueueUnavailable("the event queue is unreachable; retry later") from exc
         for done in outcomes:
