@@ -12,6 +12,7 @@ import uvicorn
 from app.config import ConfigError, GatewayConfig, load_config
 from app.observability.logging import configure_logging
 from app.secret_policy import development_keys, refusal
+from app.serving import http_protocol
 from app.settings import Settings
 
 app = typer.Typer(
@@ -70,6 +71,10 @@ def _serve(
         log_level="warning",
         access_log=False,
         timeout_graceful_shutdown=int(settings.shutdown_grace_seconds),
+        # Limits on what a client can hold before any request is verified (app/serving.py);
+        # the connection limit is the protocol's own (a JSON 503), not uvicorn's.
+        http=http_protocol(settings),
+        timeout_keep_alive=settings.keep_alive_seconds,
     )
 
 

@@ -10,6 +10,7 @@ from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from app.config import GatewayConfig
+from app.ingest.budget import BodyBudget
 from app.ingest.service import IngestService
 from app.llm.client import ClaudeClient
 from app.llm.health import LlmHealth
@@ -40,3 +41,6 @@ class AppState:
     # LLM call discipline (issue 4): Bedrock client, and the auth flag /readyz reads.
     bedrock: ClaudeClient | None = None
     llm_health: LlmHealth = field(default_factory=LlmHealth)
+    # Request-body bytes held at once (settings.ingest_buffer_bytes); made on first use by
+    # app/ingest/router.py.
+    body_budget: BodyBudget | None = None

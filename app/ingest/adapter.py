@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 import orjson
 
+from app.ingest.admission import Body, BodyCheck
 from app.ingest.exceptions import InvalidPayload, UnsupportedMediaType
 
 Headers = Mapping[str, str]
@@ -49,9 +50,16 @@ class Batch(list[Described]):
 
 
 class SourceAdapter(Protocol):
-    async def verify(self, headers: Headers, body: bytes) -> None: ...
+    def admit(self, headers: Headers) -> BodyCheck:
+        """Before the body is read: refuse what the headers show is wrong (see
+        ``admission.py``); return what the body must still pass."""
+        ...
 
-    async def describe(self, headers: Headers, body: bytes) -> list[Described]: ...
+    async def verify(self, headers: Headers, body: Body) -> None:
+        """Both steps over a complete body."""
+        ...
+
+    async def describe(self, headers: Headers, body: Body) -> list[Described]: ...
 
 
 def dotted(payload: Any, path: str) -> Any:
@@ -111,7 +119,7 @@ def content_hash(value: Any) -> str:
     return hashlib.sha256(orjson.dumps(value, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
-def signed_digest(body: bytes, *, timestamp: str | None = None) -> str:
+def signed_digest(body: Body, *, timestamp: str | None = None) -> str:
     """The identity of a signed request: its body, and the signed timestamp if any (so a
     sender signing the same body again later is a new request, a replay is not)."""
     digest = hashlib.sha256()
@@ -125,7 +133,7 @@ def media_type(headers: Headers) -> str:
     return headers.get("content-type", "").split(";", 1)[0].strip().lower()
 
 
-def parse_json(body: bytes, media: str = "application/json") -> Any:
+def parse_json(body: Body, media: str = "application/json") -> Any:
     if media and media != "application/json" and not media.endswith("+json"):
         raise UnsupportedMediaType(f"expected application/json, got {media!r}")
     try:

@@ -31,6 +31,7 @@ from app.ingest.adapter import (
     resolve_key,
     signed_digest,
 )
+from app.ingest.admission import Admitted, Body, StreamedMac, verify_whole
 from app.ingest.auth import HmacDefaults, build_authenticator
 from app.ingest.exceptions import InvalidPayload
 from app.source_config import SourceConfig
@@ -49,10 +50,13 @@ class CloudEventsSource:
         self.timestamp_header = config.signature.timestamp_header if config.signature else None
         self.authenticate = build_authenticator(config, hmac_defaults=CE_HMAC)
 
-    async def verify(self, headers: Headers, body: bytes) -> None:
-        self.authenticate(headers, body)
+    def admit(self, headers: Headers) -> Admitted | StreamedMac:
+        return self.authenticate.admit(headers)
 
-    async def describe(self, headers: Headers, body: bytes) -> list[Described]:
+    async def verify(self, headers: Headers, body: Body) -> None:
+        await verify_whole(self.admit(headers), body)
+
+    async def describe(self, headers: Headers, body: Body) -> list[Described]:
         media = media_type(headers)
         if media == BATCH:
             batch = parse_json(body, media)
@@ -93,7 +97,7 @@ def _checked(event: Any, where: str) -> dict[str, Any]:
     return event
 
 
-def _from_binary(headers: Headers, body: bytes, media: str) -> dict[str, Any]:
+def _from_binary(headers: Headers, body: Body, media: str) -> dict[str, Any]:
     event: dict[str, Any] = {
         # Header values are percent-encoded where they are not printable ASCII (HTTP binding).
         name.lower().removeprefix("ce-"): unquote(value)

@@ -10,6 +10,7 @@ AppError
 ├── UnsupportedMediaType 415
 ├── InvalidPayload 400        (not JSON, or JSON the source type cannot read)
 └── Unavailable 503           (nothing was accepted; retry after ``Retry-After`` seconds)
+    ├── BodyBufferFull          (the process holds as many request bodies as it may)
     └── CertificateUnavailable  (SNS: the signing certificate could not be fetched)
 """
 
@@ -61,6 +62,10 @@ class Unavailable(AppError):
     @property
     def headers(self) -> dict[str, str] | None:
         return {"Retry-After": str(self.retry_after)}
+
+
+class BodyBufferFull(Unavailable):
+    pass
 
 
 class CertificateUnavailable(Unavailable):

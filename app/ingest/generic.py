@@ -27,9 +27,10 @@ from app.ingest.adapter import (
     resolve_key,
     signed_digest,
 )
+from app.ingest.admission import Admitted, Body, StreamedMac, verify_whole
 from app.ingest.auth import DEFAULT_TOLERANCE, HmacDefaults, build_authenticator
 from app.ingest.exceptions import InvalidPayload
-from app.ingest.signatures import standard_webhooks_key, verify_standard_webhooks
+from app.ingest.signatures import standard_webhooks_admission, standard_webhooks_key
 from app.source_config import SourceConfig
 
 GENERIC_HMAC = HmacDefaults(header="X-Signature")
@@ -45,20 +46,21 @@ class GenericSource:
         else:
             self.authenticate = build_authenticator(config, hmac_defaults=GENERIC_HMAC)
 
-    async def verify(self, headers: Headers, body: bytes) -> None:
+    def admit(self, headers: Headers) -> Admitted | StreamedMac:
         if not self.standard:
-            self.authenticate(headers, body)
-            return
-        verify_standard_webhooks(
+            return self.authenticate.admit(headers)
+        return standard_webhooks_admission(
             keys=self.keys,
-            body=body,
             msg_id=headers.get("webhook-id"),
             timestamp=headers.get("webhook-timestamp"),
             signature_header=headers.get("webhook-signature"),
             tolerance_seconds=self.config.tolerance_seconds or DEFAULT_TOLERANCE,
         )
 
-    async def describe(self, headers: Headers, body: bytes) -> list[Described]:
+    async def verify(self, headers: Headers, body: Body) -> None:
+        await verify_whole(self.admit(headers), body)
+
+    async def describe(self, headers: Headers, body: Body) -> list[Described]:
         payload = parse_json(body, media_type(headers))
         base_id = self._request_id(headers)
         signed = self._replay_id(headers, body) if base_id else None
@@ -75,7 +77,7 @@ class GenericSource:
             events.append(self._event(reading, delivery, index, replay))
         return events
 
-    def _replay_id(self, headers: Headers, body: bytes) -> str | None:
+    def _replay_id(self, headers: Headers, body: Body) -> str | None:
         """Only the header-borne ids of an HMAC scheme need one (webhook-id is signed)."""
         if self.standard or not self.config.secrets():
             return None

@@ -26,8 +26,13 @@ UNKNOWN_SOURCE = "(unknown source)"
 
 class RejectionLog:
     def __init__(
-        self, *, interval_seconds: float = 10.0, clock: Callable[[], float] = time.monotonic
+        self,
+        *,
+        interval_seconds: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+        event: str = "webhook_rejected",
     ) -> None:
+        self.event = event
         self.interval = interval_seconds
         self.clock = clock
         self._last_line: dict[tuple[str, str], float] = {}
@@ -56,7 +61,7 @@ class RejectionLog:
         held_back = self._held_back.pop(key, 0)
         extra = {} if requested is None else {"requested": requested[:64]}
         log.warning(
-            "webhook_rejected",
+            self.event,
             source=source,
             error=error,
             status=status,

@@ -1,5 +1,5 @@
-"""Ingest: verify → describe → bound and serialise every event → per event: filter →
-collapse → dedup + enqueue.
+"""Ingest: admit (headers) → verify (body) → describe → bound and serialise every event →
+per event: filter → collapse → dedup + enqueue.
 
 Invariant: the caller sends 2xx only after every event of the request was enqueued (or found
 to be a duplicate, filtered or collapsed). Events are enqueued one after another, in request
@@ -20,6 +20,7 @@ from redis.exceptions import RedisError
 from app.config import GatewayConfig, SourceConfig
 from app.errors import AppError, QueueUnavailable
 from app.ingest.adapter import Batch, Described, Headers, SourceAdapter, resolve_key
+from app.ingest.admission import Body, BodyCheck
 from app.ingest.bounds import (
     MAX_DELIVERY_ID_CHARS,
     MAX_GROUP_KEY_CHARS,
@@ -121,11 +122,25 @@ class IngestService:
             requested=None if known else name,
         )
 
+    def admit(self, source: RegisteredSource, headers: Headers) -> BodyCheck:
+        """Before the body is read: refuse what the headers show is wrong; the returned
+        check is fed the body's chunks as they arrive (see ``admission.py``)."""
+        return source.adapter.admit(headers)
+
     async def ingest(
-        self, source: RegisteredSource, headers: Headers, body: bytes
+        self,
+        source: RegisteredSource,
+        headers: Headers,
+        body: Body,
+        check: BodyCheck | None = None,
     ) -> IngestOutcome:
+        """``check``: what ``admit`` returned, already fed with ``body``; without it the
+        body is verified whole."""
         try:
-            await source.adapter.verify(headers, body)
+            if check is None:
+                await source.adapter.verify(headers, body)
+            else:
+                await check.finish(body)
             found = await source.adapter.describe(headers, body)
             batch = isinstance(found, Batch) or any(d.batch_index is not None for d in found)
             described = [_bounded(item) for item in found]

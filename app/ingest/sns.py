@@ -34,6 +34,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
 from app.ingest.adapter import Described, Headers, parse_json, resolve_key
+from app.ingest.admission import Body, DeferredCheck
 from app.ingest.exceptions import (
     CertificateUnavailable,
     InvalidPayload,
@@ -200,7 +201,12 @@ class AwsSnsSource:
         self.topics = frozenset(config.topic_arns)
         self.max_age = config.tolerance_seconds or DEFAULT_MAX_AGE
 
-    async def verify(self, headers: Headers, body: bytes) -> None:
+    def admit(self, headers: Headers) -> DeferredCheck:
+        # SNS signs the body only (its headers say nothing verifiable); an SNS message is
+        # small (256 KiB at most), so ``max_body_bytes`` can be set low for this source.
+        return DeferredCheck(lambda body: self.verify(headers, body))
+
+    async def verify(self, headers: Headers, body: Body) -> None:
         message = _message(body)
         if message.get("TopicArn") not in self.topics:
             raise InvalidSignature("TopicArn is not one of this source's topic_arns")
@@ -221,7 +227,7 @@ class AwsSnsSource:
         except CryptoInvalidSignature:
             raise InvalidSignature("SNS signature does not match the message") from None
 
-    async def describe(self, headers: Headers, body: bytes) -> list[Described]:
+    async def describe(self, headers: Headers, body: Body) -> list[Described]:
         message = _message(body)
         kind, topic = message["Type"], message["TopicArn"]
         if kind == "SubscriptionConfirmation":
@@ -259,7 +265,7 @@ class AwsSnsSource:
         log.info("sns_subscription_confirmed", source=self.name, topic=topic)
 
 
-def _message(body: bytes) -> dict[str, Any]:
+def _message(body: Body) -> dict[str, Any]:
     # SNS posts JSON with Content-Type text/plain, so the media type is not checked.
     message = parse_json(body)
     if not isinstance(message, dict) or message.get("Type") not in _SIGNED_FIELDS:

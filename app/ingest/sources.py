@@ -25,11 +25,12 @@ from app.ingest.adapter import (
     parse_json,
     signed_digest,
 )
+from app.ingest.admission import Body, StreamedMac, verify_whole
 from app.ingest.alerting import AlertSource
 from app.ingest.cloudevents import CloudEventsSource
 from app.ingest.exceptions import InvalidPayload
 from app.ingest.generic import GenericSource
-from app.ingest.signatures import verify_github
+from app.ingest.signatures import github_admission
 from app.ingest.sns import AwsSnsSource, SnsHttp
 from app.source_config import SourceConfig
 
@@ -58,10 +59,13 @@ class GitHubSource:
         self.group_key = config.group_key
         self.group_keys = {**GITHUB_GROUP_KEYS, **config.group_keys}
 
-    async def verify(self, headers: Headers, body: bytes) -> None:
-        verify_github(self.secrets, body, headers.get("x-hub-signature-256"))
+    def admit(self, headers: Headers) -> StreamedMac:
+        return github_admission(self.secrets, headers.get("x-hub-signature-256"))
 
-    async def describe(self, headers: Headers, body: bytes) -> list[Described]:
+    async def verify(self, headers: Headers, body: Body) -> None:
+        await verify_whole(self.admit(headers), body)
+
+    async def describe(self, headers: Headers, body: Body) -> list[Described]:
         kind = headers.get("x-github-event")
         if not kind:
             raise InvalidPayload("missing X-GitHub-Event header")
@@ -88,7 +92,7 @@ class GitHubSource:
         return first_key(payload, [*specs, *GITHUB_DEFAULT_RULE]) or self.name
 
 
-def _github_payload(headers: Headers, body: bytes) -> Any:
+def _github_payload(headers: Headers, body: Body) -> Any:
     if media_type(headers) == "application/x-www-form-urlencoded":
         # GitHub's "form" content type: the JSON document is in the `payload` field.
         form = parse_qs(body.decode("utf-8", "replace"))

@@ -168,7 +168,11 @@ def test_unknown_source_is_404(api: tuple[str, Settings]) -> None:
 def test_body_over_the_limit_is_413_declared_or_streamed(api: tuple[str, Settings]) -> None:
     url, _ = api
     big = b"x" * 5000
-    declared = httpx.post(f"{url}/v1/webhooks/github", content=big)
+    # A signature header of the right shape: the body is read (and refused when too big).
+    # Without one the request is refused from its headers, body unread.
+    shaped = {"X-Hub-Signature-256": "sha256=" + "0" * 64}
+    assert httpx.post(f"{url}/v1/webhooks/github", content=big).status_code == 401
+    declared = httpx.post(f"{url}/v1/webhooks/github", content=big, headers=shaped)
     assert declared.status_code == 413
     assert declared.json()["error"] == "PayloadTooLarge"
 
@@ -176,7 +180,7 @@ def test_body_over_the_limit_is_413_declared_or_streamed(api: tuple[str, Setting
         for _ in range(10):
             yield b"x" * 1000
 
-    streamed = httpx.post(f"{url}/v1/webhooks/github", content=chunks())
+    streamed = httpx.post(f"{url}/v1/webhooks/github", content=chunks(), headers=shaped)
     assert streamed.status_code == 413
     assert streamed.json()["error"] == "PayloadTooLarge"
 
