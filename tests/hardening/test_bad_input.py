@@ -112,6 +112,18 @@ def test_json_nested_too_deep_is_a_400_and_nothing_is_queued(gateway: ServerThre
     assert alone.json()["events"][0]["status"] == "queued"
 
 
+@pytest.mark.parametrize(("lists", "status"), [(252, 202), (253, 400)])
+def test_a_payload_nests_at_most_253_levels(gateway: ServerThread, lists: int, status: int) -> None:
+    """The body object is one level, each list one more."""
+    _, headers = github_request(GITHUB_SECRET, {})
+    body = ('{"action": "opened", "deep": ' + _nested(lists) + "}").encode()
+    headers["X-Hub-Signature-256"] = (
+        "sha256=" + hmac.new(GITHUB_SECRET.encode(), body, hashlib.sha256).hexdigest()
+    )
+    reply = httpx.post(f"{gateway.url}/v1/webhooks/github", content=body, headers=headers)
+    assert reply.status_code == status, reply.text
+
+
 def test_a_cursor_past_64_bit_ids_is_a_400(gateway: ServerThread) -> None:
     auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
     for value in (2**63, 2**64 - 1, -1):
@@ -169,6 +181,7 @@ def test_an_unexpected_error_in_the_webhook_path_is_json_and_logged_once(
     time.sleep(0.2)
     err = capfd.readouterr().err
     assert err.count("Traceback") == 1, err
+    assert '"event":"webhook_failed"' in err
     assert "an unexpected bug in the certificate fetcher" in err
     assert MARKER not in err
 
@@ -189,6 +202,7 @@ def test_an_unexpected_error_elsewhere_is_json_and_logged_once(
     assert reply.status_code == 500
     assert reply.json()["error"] == "InternalError"
     assert err.count("Traceback") == 1, err
+    assert '"event":"request_failed"' in err
 
 
 async def test_sql_errors_do_not_print_their_parameters(database_url: str) -> None:

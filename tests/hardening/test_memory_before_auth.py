@@ -251,10 +251,15 @@ def test_a_50_mib_request_head_is_refused_without_being_held(
                     sent += sock.send(chunk)
                 except OSError:
                     break
-        status, _headers, error = _response(sock)
+        status, _, error = _response(sock)
+        # Then the connection is closed (reset, if unread bytes were left).
+        with contextlib.suppress(ConnectionResetError):
+            assert sock.recv(65536) == b""
     assert status == 431
     assert error["error"] == "RequestHeadersTooLarge"
     assert sent < 8 * MiB, sent
+    refused = [e for e in gateway.log_events() if e["event"] == "request_refused"]
+    assert [(e["error"], e["status"]) for e in refused] == [("RequestHeadersTooLarge", 431)]
     assert _status(gateway.proc.pid)["VmHWM"] - before < 8 * MiB
     # The process is fine afterwards.
     body, good = github_request(GITHUB_SECRET, issue_payload("acme/api", 3))
@@ -270,6 +275,8 @@ def test_connection_limit_and_keep_alive_timeout(start: Callable[..., GatewayPro
         assert reply.status_code == 503
         assert reply.json()["error"] == "TooManyConnections"
         assert int(reply.headers["retry-after"]) >= 1
+        refused = [e for e in gateway.log_events() if e["event"] == "request_refused"]
+        assert [e["error"] for e in refused] == ["TooManyConnections"]
     finally:
         for sock in idle:
             sock.close()
@@ -328,3 +335,12 @@ def test_a_reservation_is_released_whatever_ends_the_request() -> None:
             second.reserve(41)
         assert budget.in_use == 60
     assert budget.in_use == 0
+
+
+def test_the_documented_defaults() -> None:
+    defaults = Settings()
+    assert defaults.ingest_buffer_bytes == 64 * MiB
+    assert defaults.max_header_bytes == 64 * 1024
+    assert defaults.limit_concurrency == 1000
+    assert defaults.keep_alive_seconds == 5
+    assert defaults.allow_dev_secrets is False
