@@ -4,6 +4,7 @@
     ├── ingest.exceptions.*      (UnknownSource 404, InvalidSignature 401, PayloadTooLarge 413 ...)
     ├── QueueUnavailable 503     (Redis down or queue full; carries Retry-After)
     ├── InternalError 500        (an exception nothing else handled: a bug, a dependency gone)
+    ├── serving.*                (RequestHeadersTooLarge 431, TooManyConnections 503)
     └── admin.exceptions.*       (Unauthorized 401, NotFound 404 ...)
 
 Every handler renders ``{"error": ClassName, "detail": message}``, the last resort included:
