@@ -5,10 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
+import structlog
 import typer
 import uvicorn
 
 from app.config import ConfigError, GatewayConfig, load_config
+from app.observability.logging import configure_logging
+from app.secret_policy import development_keys, refusal
+from app.serving import http_protocol
 from app.settings import Settings
 
 app = typer.Typer(
@@ -45,6 +49,20 @@ def _serve(
     from app.main import create_app
 
     settings, gateway_config = _load(config)
+    refused = refusal(config=gateway_config, settings=settings, host=host)
+    if refused:
+        typer.echo(refused, err=True)
+        raise typer.Exit(2)
+    # The app's lifespan configures logging the same way; the warning comes before it.
+    configure_logging(fmt=settings.log_format, level=settings.log_level)
+    keys = development_keys(gateway_config, settings.admin_token)
+    if keys:
+        structlog.get_logger(__name__).warning(
+            "development_secrets_in_use",
+            keys=keys,
+            host=host,
+            detail="these values are public: set real secrets before anything real",
+        )
     application = create_app(settings, gateway_config, role=role)
     uvicorn.run(
         application,
@@ -53,6 +71,10 @@ def _serve(
         log_level="warning",
         access_log=False,
         timeout_graceful_shutdown=int(settings.shutdown_grace_seconds),
+        # Limits on what a client can hold before any request is verified (app/serving.py);
+        # the connection limit is the protocol's own (a JSON 503), not uvicorn's.
+        http=http_protocol(settings),
+        timeout_keep_alive=settings.keep_alive_seconds,
     )
 
 

@@ -3,20 +3,27 @@
     AppError(message, status_code)
     ├── ingest.exceptions.*      (UnknownSource 404, InvalidSignature 401, PayloadTooLarge 413 ...)
     ├── QueueUnavailable 503     (Redis down or queue full; carries Retry-After)
+    ├── InternalError 500        (an exception nothing else handled: a bug, a dependency gone)
+    ├── serving.*                (RequestHeadersTooLarge 431, TooManyConnections 503)
     └── admin.exceptions.*       (Unauthorized 401, NotFound 404 ...)
 
-Every handler renders ``{"error": ClassName, "detail": message}``.
+Every handler renders ``{"error": ClassName, "detail": message}``, the last resort included:
+an unexpected exception is logged once, with its traceback, and answered JSON 500.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import structlog
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+log = structlog.get_logger(__name__)
 
 
 class AppError(Exception):
@@ -43,6 +50,15 @@ class QueueUnavailable(AppError):
     @property
     def headers(self) -> dict[str, str] | None:
         return {"Retry-After": str(self.retry_after)}
+
+
+class InternalError(AppError):
+    """Answered for an exception no handler knew; the detail never carries its message."""
+
+    status_code = 500
+
+    def __init__(self, message: str = "unexpected error; it was logged") -> None:
+        super().__init__(message)
 
 
 class ErrorBody(BaseModel):
@@ -74,6 +90,33 @@ def app_error_response(exc: AppError) -> JSONResponse:
     )
 
 
+class InternalErrorMiddleware:
+    """The last resort around the routes: an exception that no handler turned into a
+    response is logged once (traceback, method, path; never the request body) and answered
+    JSON 500 ``InternalError``. Nothing re-raises it, so the server does not log it again."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception:
+            log.exception("request_failed", method=scope.get("method"), path=scope.get("path"))
+            if not started:  # else the client gets a cut-off response: nothing else to do
+                await app_error_response(InternalError())(scope, receive, send)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     async def app_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, AppError)
@@ -95,3 +138,4 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(AppError, app_error)
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(RequestValidationError, validation_error)
+    app.add_middleware(InternalErrorMiddleware)

@@ -21,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.admin.router import router as admin_router
 from app.config import GatewayConfig, load_config
 from app.errors import install_error_handlers
+from app.ingest.budget import BodyBudget
 from app.ingest.collapse import AlertCollapser
 from app.ingest.router import WebhookFastPath
 from app.ingest.router import router as ingest_router
@@ -134,6 +135,7 @@ async def _build_state(
             max_depth=settings.backlog_max_depth,
             max_age_seconds=settings.backlog_max_age_seconds,
         ),
+        body_budget=BodyBudget(settings.ingest_buffer_bytes),
         ingest=IngestService(
             config=config,
             queue=EnqueueBatcher(queue) if settings.ingest_batching else queue,

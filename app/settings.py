@@ -94,6 +94,16 @@ class Settings(BaseSettings):
 
     # Hardening: a sender must deliver its whole body within this long (408 otherwise).
     body_read_timeout_seconds: float = Field(default=30.0, gt=0)
+    # Serve with the built-in development secrets on a non-loopback address (a local demo).
+    allow_dev_secrets: bool = False
+    # Bytes of request bodies one process holds at once (503 BodyBufferFull beyond).
+    ingest_buffer_bytes: int = Field(default=64 * 1024 * 1024, ge=1)
+    # The HTTP server (eventgate serve/api/worker): open connections (or requests in
+    # progress) past which requests get 503 TooManyConnections; idle keep-alive connections
+    # closed after this long; bytes of a request line + headers (431 beyond).
+    limit_concurrency: int = Field(default=1000, ge=1)
+    keep_alive_seconds: int = Field(default=5, ge=1)
+    max_header_bytes: int = Field(default=64 * 1024, ge=1024)
 
     # Secrets in payloads (keys naming them, credential-looking strings) are replaced at
     # ingest, before anything stores or forwards the payload; "off" keeps payloads as sent.

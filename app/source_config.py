@@ -4,14 +4,29 @@ Every ``type:`` reads only the keys it needs; a key set on a type that does not 
 error naming the key, so a typo or a copy-paste from another source never silently weakens
 verification. Secrets may hold several values separated by spaces (the old and the new one
 during a rotation); any of them verifies.
+
+Every credential value (each space-separated secret or token, a basic-auth password, the
+decoded key of a Standard Webhooks ``whsec_`` secret) has at least ``MIN_SECRET_LENGTH``
+characters or bytes: an empty HMAC key verifies a signature anyone can compute, and a short
+one can be guessed offline from a single signed request.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
 from typing import Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 SourceType = Literal[
     "github",
@@ -24,6 +39,7 @@ SourceType = Literal[
     "aws-sns",
 ]
 ALERT_TYPES = frozenset({"alertmanager", "grafana"})
+MIN_SECRET_LENGTH = 16
 
 _COMMON = frozenset(
     {
@@ -68,6 +84,13 @@ class _Strict(BaseModel):
 class BasicAuth(_Strict):
     username: str = Field(min_length=1)
     password: SecretStr
+
+    @field_validator("password")
+    @classmethod
+    def _long_enough(cls, value: SecretStr) -> SecretStr:
+        if len(value.get_secret_value()) < MIN_SECRET_LENGTH:
+            raise ValueError(f"must be at least {MIN_SECRET_LENGTH} characters")
+        return value
 
 
 class HmacScheme(_Strict):
@@ -167,6 +190,32 @@ class SourceConfig(_Strict):
     collapse: CollapseConfig | None = None
     prompt_budget_chars: int | None = Field(default=None, ge=200)
 
+    @field_validator("secret", "token")
+    @classmethod
+    def _long_enough(cls, value: SecretStr | None, info: ValidationInfo) -> SecretStr | None:
+        if value is None:
+            return None
+        values = value.get_secret_value().split()
+        if not values:
+            raise ValueError(
+                f"is empty: set it to a value of at least {MIN_SECRET_LENGTH} characters"
+            )
+        decode = info.field_name == "secret" and info.data.get("type") == "standard-webhooks"
+        for number, one in enumerate(values, start=1):
+            which = f"value {number} of {len(values)}" if len(values) > 1 else "the value"
+            if decode and one.startswith("whsec_"):
+                size = len(_whsec_key(one, which))
+                if size < MIN_SECRET_LENGTH:
+                    raise ValueError(
+                        f"the key of {which} decodes to {size} bytes; at least"
+                        f" {MIN_SECRET_LENGTH} are needed"
+                    )
+            elif len(one) < MIN_SECRET_LENGTH:
+                raise ValueError(
+                    f"{which} has {len(one)} characters; at least {MIN_SECRET_LENGTH} are needed"
+                )
+        return value
+
     @model_validator(mode="after")
     def _keys_for_type(self) -> Self:
         allowed = _COMMON | _KEYS[self.type]
@@ -185,6 +234,16 @@ class SourceConfig(_Strict):
 
     def tokens(self) -> list[str]:
         return self.token.get_secret_value().split() if self.token else []
+
+
+def _whsec_key(secret: str, which: str) -> bytes:
+    try:
+        return base64.b64decode(secret.removeprefix("whsec_"), validate=True)
+    except binascii.Error:
+        raise ValueError(
+            f"{which} is a whsec_ secret that is not valid base64 (whsec_ + the base64 of a"
+            f" key of at least {MIN_SECRET_LENGTH} bytes)"
+        ) from None
 
 
 def _present(value: object) -> bool:

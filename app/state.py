@@ -8,6 +8,7 @@ from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from app.config import GatewayConfig
+from app.ingest.budget import BodyBudget
 from app.ingest.service import IngestService
 from app.llm.client import ClaudeClient
 from app.llm.health import LlmHealth
@@ -31,6 +32,8 @@ class AppState:
     queue: EventQueue
     backlog: BacklogMonitor
     ingest: IngestService
+    # Request-body bytes this process holds before they are verified (all requests together).
+    body_budget: BodyBudget
     claude: ClaudeClient | None = None
     publisher: SnsPublisher | None = None
     relay: OutboxRelay | None = None

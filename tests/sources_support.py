@@ -8,6 +8,7 @@ import datetime as dt
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -66,14 +67,30 @@ class SnsSigner:
 
 
 class FakeSnsHttp:
-    def __init__(self, certificates: dict[str, bytes]) -> None:
+    """Serves ``certificates``; a URL in ``errors`` raises that error (as the real edge would
+    for a network failure or an error status); any other URL fails to connect."""
+
+    def __init__(
+        self, certificates: dict[str, bytes], *, errors: dict[str, Exception] | None = None
+    ) -> None:
         self.certificates = certificates
+        self.errors = errors or {}
         self.fetched: list[str] = []
         self.confirmed: list[str] = []
 
     async def fetch_certificate(self, url: str) -> bytes:
         self.fetched.append(url)
+        if url in self.errors:
+            raise self.errors[url]
+        if url not in self.certificates:
+            raise httpx.ConnectError("[Errno -2] Name or service not known")
         return self.certificates[url]
 
     async def confirm_subscription(self, url: str) -> None:
         self.confirmed.append(url)
+
+
+def http_status_error(url: str, status: int) -> httpx.HTTPStatusError:
+    request = httpx.Request("GET", url)
+    response = httpx.Response(status, request=request)
+    return httpx.HTTPStatusError(f"{status}", request=request, response=response)

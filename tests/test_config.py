@@ -11,7 +11,7 @@ from app.config import ConfigError, load_config, parse_config
 GOOD = """
 sources:
   gh: {type: github, secret: "${GH_SECRET}", pipeline: p}
-  am: {type: alertmanager, token: "${AM_TOKEN:-fallback}", pipeline: p}
+  am: {type: alertmanager, token: "${AM_TOKEN:-fallback-token-value}", pipeline: p}
 pipelines:
   p: {model: claude-sonnet-4-6, system: triage, tools: [alert]}
 tools:
@@ -23,11 +23,11 @@ tools:
 
 
 def test_env_interpolation_with_and_without_default() -> None:
-    config = parse_config(GOOD, env={"GH_SECRET": "s3cret"})
+    config = parse_config(GOOD, env={"GH_SECRET": "config-test-secret"})
     assert config.sources["gh"].secret is not None
-    assert config.sources["gh"].secret.get_secret_value() == "s3cret"
+    assert config.sources["gh"].secret.get_secret_value() == "config-test-secret"
     assert config.sources["am"].token is not None
-    assert config.sources["am"].token.get_secret_value() == "fallback"
+    assert config.sources["am"].token.get_secret_value() == "fallback-token-value"
     assert config.tools["alert"].topic_arn == "arn:aws:sns:us-east-1:123456789012:alerts.fifo"
 
 
@@ -56,7 +56,7 @@ def test_invalid_config_errors_name_the_bad_key(change: tuple[str, str], expecte
     text = GOOD.replace(*change)
     assert text != GOOD
     with pytest.raises(ConfigError) as info:
-        parse_config(text, env={"GH_SECRET": "x"})
+        parse_config(text, env={"GH_SECRET": "config-test-secret"})
     assert any(error.startswith(expected) for error in info.value.errors), info.value.errors
 
 
@@ -88,20 +88,20 @@ def test_check_config_prints_sources_pipelines_and_tools(
 ) -> None:
     path = tmp_path / "eventgate.yaml"
     path.write_text(GOOD)
-    monkeypatch.setenv("GH_SECRET", "from-env")
+    monkeypatch.setenv("GH_SECRET", "from-env-secret-value")
     result = CliRunner().invoke(cli, ["check-config", "--config", str(path)])
     assert result.exit_code == 0, result.output
     assert "gh: type github → pipeline p (POST /v1/webhooks/gh)" in result.output
     assert "p: model claude-sonnet-4-6; tools alert" in result.output
     assert "alert: topic arn:aws:sns:us-east-1:123456789012:alerts.fifo" in result.output
-    assert "from-env" not in result.output
+    assert "from-env-secret-value" not in result.output
 
 
 def test_check_config_reports_errors_with_exit_code_2(tmp_path: Path) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text(GOOD.replace("tools: [alert]", "tools: [ghost]"))
     result = CliRunner().invoke(
-        cli, ["check-config", "--config", str(path)], env={"GH_SECRET": "x"}
+        cli, ["check-config", "--config", str(path)], env={"GH_SECRET": "config-test-secret"}
     )
     assert result.exit_code == 2
     assert "pipelines.p.tools: unknown tool 'ghost'" in result.output

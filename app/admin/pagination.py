@@ -51,9 +51,10 @@ def id_cursor(row_id: int) -> str:
 
 
 def decode_id_cursor(cursor: str | None) -> int | None:
+    """Row ids are positive 64-bit integers; anything else would fail in the database."""
     if cursor is None:
         return None
     value = _decode(cursor)
-    if len(value) != 1 or not isinstance(value[0], int):
+    if len(value) != 1 or type(value[0]) is not int or not 0 <= value[0] < 2**63:
         raise InvalidCursor("cursor is not one this API returned")
     return value[0]

@@ -5,6 +5,11 @@ into zero or more ``Described`` events: zero means "answer, but queue nothing" (
 an SNS subscription confirmation), several mean a batch (CloudEvents batch mode, an array of
 readings with ``split: true``). ``delivery_id`` is the sender's retry identity: the same
 request sent again must describe the same delivery ids, so a retry after a 503 is deduplicated.
+
+Where the delivery id comes from a header the signature does not cover (GitHub's
+``X-GitHub-Delivery``, a generic ``delivery_header``, binary CloudEvents' ``ce-id``), anyone
+who saw one signed request can send it again under a new id. Such events also carry a
+``replay_id``, a digest of what the signature covers, and a match on either is a duplicate.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from typing import Any, Protocol
 
 import orjson
 
+from app.ingest.admission import Body, BodyCheck
 from app.ingest.exceptions import InvalidPayload, UnsupportedMediaType
 
 Headers = Mapping[str, str]
@@ -34,12 +40,26 @@ class Described:
     # Alert fingerprints for collapse: firing ones may collapse, resolved ones end a window.
     firing: tuple[str, ...] = ()
     resolved: tuple[str, ...] = ()
+    # Digest of the signed material when ``delivery_id`` is not signed (see above).
+    replay_id: str | None = None
+
+
+class Batch(list[Described]):
+    """The events of a batch request (CloudEvents batch mode, an array with ``split: true``),
+    possibly none: a batch is always answered ``{"events": [...]}``, an empty one too."""
 
 
 class SourceAdapter(Protocol):
-    async def verify(self, headers: Headers, body: bytes) -> None: ...
+    def admit(self, headers: Headers) -> BodyCheck:
+        """Before the body is read: refuse what the headers show is wrong (see
+        ``admission.py``); return what the body must still pass."""
+        ...
 
-    async def describe(self, headers: Headers, body: bytes) -> list[Described]: ...
+    async def verify(self, headers: Headers, body: Body) -> None:
+        """Both steps over a complete body."""
+        ...
+
+    async def describe(self, headers: Headers, body: Body) -> list[Described]: ...
 
 
 def dotted(payload: Any, path: str) -> Any:
@@ -99,11 +119,21 @@ def content_hash(value: Any) -> str:
     return hashlib.sha256(orjson.dumps(value, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
+def signed_digest(body: Body, *, timestamp: str | None = None) -> str:
+    """The identity of a signed request: its body, and the signed timestamp if any (so a
+    sender signing the same body again later is a new request, a replay is not)."""
+    digest = hashlib.sha256()
+    if timestamp is not None:
+        digest.update(timestamp.encode() + b"\n")
+    digest.update(body)
+    return digest.hexdigest()
+
+
 def media_type(headers: Headers) -> str:
     return headers.get("content-type", "").split(";", 1)[0].strip().lower()
 
 
-def parse_json(body: bytes, media: str = "application/json") -> Any:
+def parse_json(body: Body, media: str = "application/json") -> Any:
     if media and media != "application/json" and not media.endswith("+json"):
         raise UnsupportedMediaType(f"expected application/json, got {media!r}")
     try:

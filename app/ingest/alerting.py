@@ -16,6 +16,7 @@ import hashlib
 from typing import Any
 
 from app.ingest.adapter import Described, Headers, media_type, parse_json, resolve_key
+from app.ingest.admission import Admitted, Body, StreamedMac, verify_whole
 from app.ingest.auth import HmacDefaults, build_authenticator
 from app.ingest.exceptions import InvalidPayload
 from app.source_config import SourceConfig
@@ -34,10 +35,13 @@ class AlertSource:
             config, hmac_defaults=GRAFANA_HMAC if config.type == "grafana" else None
         )
 
-    async def verify(self, headers: Headers, body: bytes) -> None:
-        self.authenticate(headers, body)
+    def admit(self, headers: Headers) -> Admitted | StreamedMac:
+        return self.authenticate.admit(headers)
 
-    async def describe(self, headers: Headers, body: bytes) -> list[Described]:
+    async def verify(self, headers: Headers, body: Body) -> None:
+        await verify_whole(self.admit(headers), body)
+
+    async def describe(self, headers: Headers, body: Body) -> list[Described]:
         payload = parse_json(body, media_type(headers))
         if not isinstance(payload, dict) or not isinstance(payload.get("alerts"), list):
             raise InvalidPayload(f"an {self.kind} payload is an object with an 'alerts' list")

@@ -3,22 +3,35 @@
 - structured: ``Content-Type: application/cloudevents+json``, the body is the event;
 - batch: ``application/cloudevents-batch+json``, the body is an array of events;
 - binary: attributes in ``ce-*`` headers, the body is the event's ``data`` in its own
-  content type (JSON is parsed, other text kept as a string, anything else base64).
+  content type (JSON is parsed, other text kept as a string, anything else becomes
+  ``data_base64``, as structured mode carries binary data).
 
 Every mode becomes the structured form (``specversion``, ``id``, ``source``, ``type``,
 ``subject``, ``time``, ``data`` and extensions), so group-key paths and filters read the same
 whatever the mode. ``source + id`` identifies an event (the spec's uniqueness rule), which is
 the dedup identity. Auth is a bearer token or an HMAC over the raw body; in binary mode the
-``ce-*`` headers are outside the HMAC (Knative and Event Grid do not sign them either).
+``ce-*`` headers are outside the HMAC (Knative and Event Grid do not sign them either), so
+with an HMAC secret a binary event also carries the signed body's digest as a second dedup
+identity: the same signed body under a new ``ce-id`` is a duplicate.
 """
 
 from __future__ import annotations
 
 import base64
+from dataclasses import replace
 from typing import Any
 from urllib.parse import unquote
 
-from app.ingest.adapter import Described, Headers, media_type, parse_json, resolve_key
+from app.ingest.adapter import (
+    Batch,
+    Described,
+    Headers,
+    media_type,
+    parse_json,
+    resolve_key,
+    signed_digest,
+)
+from app.ingest.admission import Admitted, Body, StreamedMac, verify_whole
 from app.ingest.auth import HmacDefaults, build_authenticator
 from app.ingest.exceptions import InvalidPayload
 from app.source_config import SourceConfig
@@ -33,22 +46,31 @@ class CloudEventsSource:
     def __init__(self, name: str, config: SourceConfig) -> None:
         self.name = name
         self.group_key = config.group_key
+        self.signed = bool(config.secrets())
+        self.timestamp_header = config.signature.timestamp_header if config.signature else None
         self.authenticate = build_authenticator(config, hmac_defaults=CE_HMAC)
 
-    async def verify(self, headers: Headers, body: bytes) -> None:
-        self.authenticate(headers, body)
+    def admit(self, headers: Headers) -> Admitted | StreamedMac:
+        return self.authenticate.admit(headers)
 
-    async def describe(self, headers: Headers, body: bytes) -> list[Described]:
+    async def verify(self, headers: Headers, body: Body) -> None:
+        await verify_whole(self.admit(headers), body)
+
+    async def describe(self, headers: Headers, body: Body) -> list[Described]:
         media = media_type(headers)
         if media == BATCH:
             batch = parse_json(body, media)
             if not isinstance(batch, list):
                 raise InvalidPayload("a CloudEvents batch is a JSON array")
-            return [self._event(_checked(e, f"event {i}"), i) for i, e in enumerate(batch)]
+            return Batch(self._event(_checked(e, f"event {i}"), i) for i, e in enumerate(batch))
         if media == STRUCTURED:
             return [self._event(_checked(parse_json(body, media), "event"), None)]
         if "ce-specversion" in headers:
-            return [self._event(_checked(_from_binary(headers, body, media), "event"), None)]
+            event = self._event(_checked(_from_binary(headers, body, media), "event"), None)
+            if not self.signed:
+                return [event]
+            stamp = headers.get(self.timestamp_header.lower()) if self.timestamp_header else None
+            return [replace(event, replay_id=signed_digest(body, timestamp=stamp))]
         raise InvalidPayload(
             f"not a CloudEvent: expected {STRUCTURED}, {BATCH} or ce-* headers (binary mode)"
         )
@@ -75,7 +97,7 @@ def _checked(event: Any, where: str) -> dict[str, Any]:
     return event
 
 
-def _from_binary(headers: Headers, body: bytes, media: str) -> dict[str, Any]:
+def _from_binary(headers: Headers, body: Body, media: str) -> dict[str, Any]:
     event: dict[str, Any] = {
         # Header values are percent-encoded where they are not printable ASCII (HTTP binding).
         name.lower().removeprefix("ce-"): unquote(value)
@@ -84,14 +106,12 @@ def _from_binary(headers: Headers, body: bytes, media: str) -> dict[str, Any]:
     }
     if media:
         event["datacontenttype"] = headers.get("content-type", media)
-    if body:
-        event["data"] = _binary_data(body, media)
-    return event
-
-
-def _binary_data(body: bytes, media: str) -> Any:
+    if not body:
+        return event
     if not media or media == "application/json" or media.endswith("+json"):
-        return parse_json(body)
-    if media.startswith("text/") or media in ("application/xml", "application/x-yaml"):
-        return body.decode("utf-8", "replace")
-    return {"base64": base64.b64encode(body).decode()}
+        event["data"] = parse_json(body)
+    elif media.startswith("text/") or media in ("application/xml", "application/x-yaml"):
+        event["data"] = body.decode("utf-8", "replace")
+    else:
+        event["data_base64"] = base64.b64encode(body).decode()
+    return event

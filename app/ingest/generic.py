@@ -8,7 +8,9 @@ without holding up another's. Without ``split`` the array is one event.
 Delivery ids, in order of preference: the Standard Webhooks ``webhook-id``, the configured
 ``delivery_header``, the configured ``delivery_id`` path, a hash of the content. A reading of
 a split batch adds its position (``<id>#<i>``) or, with only a content hash, hashes itself,
-so a sender retrying the same batch is deduplicated reading by reading.
+so a sender retrying the same batch is deduplicated reading by reading. A ``delivery_header``
+is not signed: with an HMAC scheme, the signed material's digest (``#<i>`` per reading) is a
+second identity, so a replay under a new delivery id is a duplicate too.
 """
 
 from __future__ import annotations
@@ -16,16 +18,19 @@ from __future__ import annotations
 from typing import Any
 
 from app.ingest.adapter import (
+    Batch,
     Described,
     Headers,
     content_hash,
     media_type,
     parse_json,
     resolve_key,
+    signed_digest,
 )
+from app.ingest.admission import Admitted, Body, StreamedMac, verify_whole
 from app.ingest.auth import DEFAULT_TOLERANCE, HmacDefaults, build_authenticator
 from app.ingest.exceptions import InvalidPayload
-from app.ingest.signatures import standard_webhooks_key, verify_standard_webhooks
+from app.ingest.signatures import standard_webhooks_admission, standard_webhooks_key
 from app.source_config import SourceConfig
 
 GENERIC_HMAC = HmacDefaults(header="X-Signature")
@@ -41,33 +46,44 @@ class GenericSource:
         else:
             self.authenticate = build_authenticator(config, hmac_defaults=GENERIC_HMAC)
 
-    async def verify(self, headers: Headers, body: bytes) -> None:
+    def admit(self, headers: Headers) -> Admitted | StreamedMac:
         if not self.standard:
-            self.authenticate(headers, body)
-            return
-        verify_standard_webhooks(
+            return self.authenticate.admit(headers)
+        return standard_webhooks_admission(
             keys=self.keys,
-            body=body,
             msg_id=headers.get("webhook-id"),
             timestamp=headers.get("webhook-timestamp"),
             signature_header=headers.get("webhook-signature"),
             tolerance_seconds=self.config.tolerance_seconds or DEFAULT_TOLERANCE,
         )
 
-    async def describe(self, headers: Headers, body: bytes) -> list[Described]:
+    async def verify(self, headers: Headers, body: Body) -> None:
+        await verify_whole(self.admit(headers), body)
+
+    async def describe(self, headers: Headers, body: Body) -> list[Described]:
         payload = parse_json(body, media_type(headers))
         base_id = self._request_id(headers)
+        signed = self._replay_id(headers, body) if base_id else None
         if not isinstance(payload, list) or not self.config.split:
             delivery = base_id or resolve_key(payload, self.config.delivery_id)
-            return [self._event(payload, delivery or content_hash(payload), None)]
-        events = []
+            return [self._event(payload, delivery or content_hash(payload), None, signed)]
+        events = Batch()
         for index, reading in enumerate(payload):
             if not isinstance(reading, dict):
                 raise InvalidPayload(f"reading {index} is not a JSON object")
             own = resolve_key(reading, self.config.delivery_id)
             delivery = own or (f"{base_id}#{index}" if base_id else content_hash(reading))
-            events.append(self._event(reading, delivery, index))
+            replay = f"{signed}#{index}" if signed and not own else None
+            events.append(self._event(reading, delivery, index, replay))
         return events
+
+    def _replay_id(self, headers: Headers, body: Body) -> str | None:
+        """Only the header-borne ids of an HMAC scheme need one (webhook-id is signed)."""
+        if self.standard or not self.config.secrets():
+            return None
+        scheme = self.config.signature
+        stamp = scheme.timestamp_header if scheme else None
+        return signed_digest(body, timestamp=headers.get(stamp.lower()) if stamp else None)
 
     def _request_id(self, headers: Headers) -> str | None:
         if self.standard:
@@ -76,7 +92,9 @@ class GenericSource:
             return headers.get(self.config.delivery_header.lower()) or None
         return None
 
-    def _event(self, payload: Any, delivery: str, index: int | None) -> Described:
+    def _event(
+        self, payload: Any, delivery: str, index: int | None, replay_id: str | None
+    ) -> Described:
         event_type = resolve_key(payload, self.config.event_type or "type")
         return Described(
             type=event_type or ("reading" if index is not None else "webhook"),
@@ -84,4 +102,5 @@ class GenericSource:
             group_key=resolve_key(payload, self.config.group_key) or self.name,
             payload=payload,
             batch_index=index,
+            replay_id=replay_id,
         )

@@ -1,5 +1,10 @@
-"""HTTP only: read the body within the size limit and the read timeout, hand it to the
-ingest service.
+"""HTTP only: check the headers, read the body within the size limit, the read timeout and
+the process's body budget, hand it to the ingest service.
+
+Order per request: source → backlog → ``admit`` (credentials and signature headers: a request
+they refuse never has its body read) → body, each chunk reserved from the process-wide
+``BodyBudget`` and fed to the source's streaming check as it arrives, into one buffer (never
+a list of chunks plus a joined copy) → verify, describe, queue → budget released.
 
 ``receive_webhook`` is reached two ways: as a FastAPI route on ``router`` (which the OpenAPI
 schema and docs UI describe) and through ``WebhookFastPath``, the ASGI middleware that
@@ -15,16 +20,21 @@ from __future__ import annotations
 import asyncio
 
 import orjson
+import structlog
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.errors import AppError, app_error_response, error_responses
-from app.ingest.exceptions import PayloadTooLarge, RequestTimeout
+from app.errors import AppError, InternalError, app_error_response, error_responses
+from app.ingest.admission import BodyCheck
+from app.ingest.budget import Reservation
+from app.ingest.exceptions import ClientDisconnected, PayloadTooLarge, RequestTimeout
 from app.ingest.schemas import BatchIngestResponse, IngestResponse
 from app.state import AppState
 
 router = APIRouter(tags=["ingest"])
+log = structlog.get_logger(__name__)
 
 _ERRORS = error_responses(
     [
@@ -34,7 +44,9 @@ _ERRORS = error_responses(
         (408, "RequestTimeout", "the body was not received within 30s"),
         (413, "PayloadTooLarge", "body is larger than 5242880 bytes"),
         (415, "UnsupportedMediaType", "expected application/json"),
+        (500, "InternalError", "unexpected error; it was logged"),
         (503, "QueueUnavailable", "the event queue is unreachable or full; retry later"),
+        (503, "BodyBufferFull", "the gateway holds as many request bodies as it may"),
     ]
 )
 _ERRORS[503]["headers"] = {
@@ -59,28 +71,51 @@ _BODY = {
 }
 
 
-async def read_limited(request: Request, limit: int, *, read_seconds: float | None = None) -> bytes:
-    """Read at most ``limit`` bytes within ``read_seconds`` in total.
+async def read_body(
+    request: Request,
+    limit: int,
+    *,
+    read_seconds: float | None,
+    reservation: Reservation,
+    check: BodyCheck,
+) -> bytearray:
+    """Read at most ``limit`` bytes within ``read_seconds`` in total into one buffer, fed to
+    ``check`` chunk by chunk, its bytes reserved from the process's budget.
 
-    Larger bodies are refused as soon as the limit is passed, never buffered whole; a sender
-    trickling its body is cut off at the timeout, so it cannot hold a connection (and the
-    bytes it sent so far) for longer than that.
+    Larger bodies are refused as soon as the limit is passed (or declared), never buffered
+    whole; a sender trickling its body is cut off at the timeout, so it cannot hold a
+    connection (and the bytes it sent so far) for longer than that. A declared
+    ``Content-Length`` is reserved and allocated at once (the chunks are copied into place:
+    no list of chunks and joined copy, no regrowth); a chunked body grows as it arrives.
     """
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    size = int(declared) if declared is not None and declared.isdigit() else None
+    if size is not None and size > limit:
         raise PayloadTooLarge(f"body is larger than {limit} bytes")
-    chunks: list[bytes] = []
-    size = 0
+    if size is not None:
+        reservation.reserve(size)
+    body = bytearray(size or 0)
+    received = 0
     try:
         async with asyncio.timeout(read_seconds):
             async for chunk in request.stream():
-                size += len(chunk)
-                if size > limit:
+                end = received + len(chunk)
+                if end > (limit if size is None else size):
                     raise PayloadTooLarge(f"body is larger than {limit} bytes")
-                chunks.append(chunk)
+                check.update(chunk)
+                if size is None:
+                    reservation.reserve(len(chunk))
+                    body += chunk
+                else:
+                    body[received:end] = chunk
+                received = end
     except TimeoutError:
         raise RequestTimeout(f"the body was not received within {read_seconds:g}s") from None
-    return b"".join(chunks)
+    except ClientDisconnect:
+        raise ClientDisconnected(f"the sender hung up after {received} bytes") from None
+    if received != len(body):  # the server ends a declared body early only on a disconnect
+        raise ClientDisconnected(f"the sender hung up after {received} bytes")
+    return body
 
 
 @router.post(
@@ -107,13 +142,27 @@ async def receive_webhook(source: str, request: Request) -> Response:
     `{"events": [...]}`, one entry per event in request order; 202 if any was queued.
     """
     state: AppState = request.app.state.gateway
+    try:
+        return await _receive(state, source, request)
+    except AppError as exc:
+        state.ingest.rejected(source, exc, remote=request.client.host if request.client else None)
+        raise
+
+
+async def _receive(state: AppState, source: str, request: Request) -> Response:
     service = state.ingest
     registered = service.source(source)
     state.backlog.check()
-    body = await read_limited(
-        request, registered.max_body_bytes, read_seconds=state.settings.body_read_timeout_seconds
-    )
-    outcome = await service.ingest(registered, request.headers, body)
+    check = service.admit(registered, request.headers)
+    with state.body_budget.hold() as reservation:
+        body = await read_body(
+            request,
+            registered.max_body_bytes,
+            read_seconds=state.settings.body_read_timeout_seconds,
+            reservation=reservation,
+            check=check,
+        )
+        outcome = await service.ingest(registered, request.headers, body, check)
     queued = sum(1 for e in outcome.events if e.status == "queued")
     if queued:
         state.backlog.record_enqueued(queued)
@@ -149,6 +198,10 @@ class WebhookFastPath:
                     response = await receive_webhook(source, Request(scope, receive))
                 except AppError as exc:
                     response = app_error_response(exc)
+                except Exception:
+                    # Logged here, once, without the body; answered like any other error.
+                    log.exception("webhook_failed", source=source)
+                    response = app_error_response(InternalError())
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)

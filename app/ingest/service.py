@@ -1,4 +1,5 @@
-"""Ingest: verify → describe → per event: filter → collapse → redact → dedup + enqueue.
+"""Ingest: admit (headers) → verify (body) → describe → bound, redact and serialise every
+event → per event: filter → collapse → dedup + enqueue.
 
 Invariant: the caller sends 2xx only after every event of the request was enqueued (or found
 to be a duplicate, filtered or collapsed). Events are enqueued one after another, in request
@@ -7,8 +8,8 @@ request gets ``QueueUnavailable`` (503 with Retry-After); the sender's retry des
 same delivery ids, so the events already queued are answered ``duplicate``, never doubled.
 
 Secrets in a payload are redacted once, when its event is built (``app.redaction``): after
-verification, the group key, type and delivery id, filters and collapse (which all read the
-payload as sent), and before the event is serialised for the stream, so Claude, the stored
+verification and the group key, type and delivery id (filters and collapse read the payload
+as sent too), and before the event is serialised for the stream, so Claude, the stored
 payload, the audit log and the logs never see them. A payload nested deeper than
 ``MAX_DEPTH`` levels is refused (``InvalidPayload``).
 """
@@ -16,18 +17,21 @@ payload, the audit log and the logs never see them. A payload nested deeper than
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 import structlog
 from redis.exceptions import RedisError
 
 from app.config import GatewayConfig, SourceConfig
-from app.errors import QueueUnavailable
-from app.ingest.adapter import Described, Headers, SourceAdapter, resolve_key
+from app.errors import AppError, QueueUnavailable
+from app.ingest.adapter import Batch, Described, Headers, SourceAdapter, resolve_key
+from app.ingest.admission import Body, BodyCheck
+from app.ingest.bounds import MAX_DELIVERY_ID_CHARS, MAX_GROUP_KEY_CHARS, bounded_key, checked_type
 from app.ingest.collapse import AlertCollapser
-from app.ingest.exceptions import InvalidPayload, UnknownSource
+from app.ingest.exceptions import ClientDisconnected, InvalidPayload, UnknownSource
 from app.ingest.filters import evaluate
+from app.ingest.rejections import UNKNOWN_SOURCE, RejectionLog, count_rejection
 from app.ingest.schemas import Event
 from app.ingest.sources import AdapterDeps, build_adapter
 from app.observability.metrics import (
@@ -79,10 +83,12 @@ class IngestService:
         dedup_window_seconds: int,
         redact_payloads: bool = True,
         deps: AdapterDeps | None = None,
+        rejections: RejectionLog | None = None,
     ) -> None:
         self.queue = queue
         self.redact_payloads = redact_payloads
         self.collapser = collapser
+        self.rejections = rejections or RejectionLog()
         self.sources = {
             name: RegisteredSource(
                 name=name,
@@ -100,33 +106,71 @@ class IngestService:
         except KeyError:
             raise UnknownSource(f"no source named {name!r} is configured") from None
 
+    def rejected(self, name: str, error: AppError, *, remote: str | None) -> None:
+        """Count and (rate-limited) log a delivery answered with ``error``."""
+        known = name in self.sources
+        source = name if known else UNKNOWN_SOURCE
+        kind = type(error).__name__
+        count_rejection(source, kind)
+        if isinstance(error, ClientDisconnected):
+            # Nobody is left to answer; senders do this routinely (timeouts, deploys).
+            log.info("webhook_client_disconnected", source=source, remote=remote)
+            return
+        self.rejections.record(
+            source=source,
+            error=kind,
+            status=error.status_code,
+            remote=remote,
+            detail=error.message,
+            requested=None if known else name,
+        )
+
+    def admit(self, source: RegisteredSource, headers: Headers) -> BodyCheck:
+        """Before the body is read: refuse what the headers show is wrong; the returned
+        check is fed the body's chunks as they arrive (see ``admission.py``)."""
+        return source.adapter.admit(headers)
+
     async def ingest(
-        self, source: RegisteredSource, headers: Headers, body: bytes
+        self,
+        source: RegisteredSource,
+        headers: Headers,
+        body: Body,
+        check: BodyCheck | None = None,
     ) -> IngestOutcome:
+        """``check``: what ``admit`` returned, already fed with ``body``; without it the
+        body is verified whole."""
         try:
-            await source.adapter.verify(headers, body)
-            described = await source.adapter.describe(headers, body)
+            if check is None:
+                await source.adapter.verify(headers, body)
+            else:
+                await check.finish(body)
+            found = await source.adapter.describe(headers, body)
+            batch = isinstance(found, Batch) or any(d.batch_index is not None for d in found)
+            described = [_bounded(item) for item in found]
+            # Every event of the request is built and serialised before the first is queued:
+            # one that cannot be stored refuses the whole request, never half of a batch.
+            prepared = [self._event(source, item) for item in described]
         except Exception as exc:
-            outcome = type(exc).__name__ if hasattr(exc, "status_code") else "error"
-            WEBHOOKS_RECEIVED.labels(source=source.name, outcome=outcome).inc()
+            if not isinstance(exc, AppError):  # rejections are counted by ``rejected``
+                WEBHOOKS_RECEIVED.labels(source=source.name, outcome="error").inc()
             raise
-        batch = any(d.batch_index is not None for d in described)
         if not described:
             WEBHOOKS_RECEIVED.labels(source=source.name, outcome="ignored").inc()
-            return IngestOutcome([EventOutcome(None, "ignored")], batch=False)
+            return IngestOutcome([] if batch else [EventOutcome(None, "ignored")], batch=batch)
         outcomes: list[EventOutcome] = []
         try:
-            for item in described:
-                outcomes.append(await self._one(source, item))
+            for item, (event, event_bytes) in zip(described, prepared, strict=True):
+                outcomes.append(await self._one(source, item, event, event_bytes))
         except (RedisError, OSError) as exc:
-            WEBHOOKS_RECEIVED.labels(source=source.name, outcome="QueueUnavailable").inc()
             log.warning("enqueue_failed", source=source.name, error=type(exc).__name__)
             raise QueueUnavailable("the event queue is unreachable; retry later") from exc
         for done in outcomes:
             WEBHOOKS_RECEIVED.labels(source=source.name, outcome=done.status).inc()
         return IngestOutcome(outcomes, batch=batch)
 
-    async def _one(self, source: RegisteredSource, item: Described) -> EventOutcome:
+    async def _one(
+        self, source: RegisteredSource, item: Described, event: Event, data: bytes
+    ) -> EventOutcome:
         fields = {"source": source.name, "event_type": item.type, "group_key": item.group_key}
         verdict = evaluate(source.config.filters, item.type, item.payload)
         if not verdict.keep:
@@ -143,7 +187,6 @@ class IngestService:
                 )
                 detail = f"repeat {repeat.repeats} of an alert already sent to the LLM"
                 return EventOutcome(repeat.event_id, "collapsed", detail)
-        event, data = self._event(source, item)
         result = await self.queue.enqueue(
             event_id=event.id,
             source=source.name,
@@ -151,6 +194,7 @@ class IngestService:
             group_key=event.group_key,
             data=data,
             dedup_window_ms=source.dedup_window_ms,
+            replay_id=item.replay_id,
         )
         status = "queued" if result.created else "duplicate"
         if not result.created:
@@ -168,7 +212,6 @@ class IngestService:
             else:
                 payload, payload_json = item.payload, payload_to_json(item.payload)
         except NestingTooDeep as exc:
-            WEBHOOKS_RECEIVED.labels(source=source.name, outcome="InvalidPayload").inc()
             raise InvalidPayload(str(exc)) from None
         event = Event(
             id=f"evt_{os.urandom(16).hex()}",
@@ -213,3 +256,13 @@ class IngestService:
             await self.collapser.forget(source=source.name, fingerprints=resolved)
         except (RedisError, OSError) as exc:
             log.warning("collapse_not_recorded", source=source.name, error=type(exc).__name__)
+
+
+def _bounded(item: Described) -> Described:
+    """The event as the database can store it (see ``app/ingest/bounds.py``)."""
+    return replace(
+        item,
+        type=checked_type(item.type),
+        delivery_id=bounded_key(item.delivery_id, MAX_DELIVERY_ID_CHARS),
+        group_key=bounded_key(item.group_key, MAX_GROUP_KEY_CHARS),
+    )

@@ -1,4 +1,9 @@
-"""Signature schemes. Every comparison is constant-time (``hmac.compare_digest``)."""
+"""Signature schemes. Every comparison is constant-time (``hmac.compare_digest``).
+
+Each scheme's header step (``*_admission``) checks what the headers show — presence, shape,
+timestamp — and returns the ``StreamedMac`` that the body is fed into; ``verify_*`` run both
+steps over a complete body.
+"""
 
 from __future__ import annotations
 
@@ -7,23 +12,42 @@ import binascii
 import hashlib
 import hmac
 import math
+import re
 import time
 
+from app.ingest.admission import Body, StreamedMac
 from app.ingest.exceptions import InvalidSignature, StaleTimestamp
 
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
-def verify_github(secrets: list[bytes], body: bytes, header: str | None) -> None:
+
+def hex_text(digest: bytes) -> bytes:
+    return digest.hex().encode()
+
+
+def base64_text(digest: bytes) -> bytes:
+    return base64.b64encode(digest)
+
+
+def github_admission(secrets: list[bytes], header: str | None) -> StreamedMac:
     """``X-Hub-Signature-256: sha256=<hex>`` over the raw body; any secret may match."""
     if not header:
         raise InvalidSignature("missing X-Hub-Signature-256 header")
     scheme, _, signature = header.partition("=")
-    if scheme != "sha256" or not signature:
-        raise InvalidSignature("X-Hub-Signature-256 must look like sha256=<hex>")
-    given = signature.strip().lower().encode()
-    for secret in secrets:
-        if hmac.compare_digest(hmac.new(secret, body, hashlib.sha256).hexdigest().encode(), given):
-            return
-    raise InvalidSignature("signature does not match the body")
+    given = signature.strip().lower()
+    if scheme != "sha256" or not _SHA256_HEX.fullmatch(given):
+        raise InvalidSignature("X-Hub-Signature-256 must look like sha256=<hex> (64 digits)")
+    return StreamedMac(
+        macs=[hmac.new(secret, digestmod=hashlib.sha256) for secret in secrets],
+        given=[given.encode()],
+        render=hex_text,
+    )
+
+
+def verify_github(secrets: list[bytes], body: Body, header: str | None) -> None:
+    check = github_admission(secrets, header)
+    check.update(body)
+    check.verify()
 
 
 def verify_bearer(tokens: list[str], header: str | None) -> None:
@@ -77,16 +101,15 @@ def standard_webhooks_key(secret: str) -> bytes:
     return secret.encode()
 
 
-def verify_standard_webhooks(
+def standard_webhooks_admission(
     *,
     keys: list[bytes],
-    body: bytes,
     msg_id: str | None,
     timestamp: str | None,
     signature_header: str | None,
     tolerance_seconds: int,
     now: float | None = None,
-) -> None:
+) -> StreamedMac:
     """Standard Webhooks: HMAC-SHA256 over ``{id}.{timestamp}.{body}``, ``v1,<b64>`` list."""
     if not msg_id or not timestamp or not signature_header:
         raise InvalidSignature("missing webhook-id, webhook-timestamp or webhook-signature")
@@ -97,12 +120,50 @@ def verify_standard_webhooks(
     current = time.time() if now is None else now
     if abs(current - sent) > tolerance_seconds:
         raise StaleTimestamp(f"webhook-timestamp is more than {tolerance_seconds}s away from now")
-    signed = f"{msg_id}.{timestamp}.".encode() + body
-    expected = [base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()) for key in keys]
-    for candidate in signature_header.split():
+    given = _v1_signatures(signature_header)
+    if not given:
+        raise InvalidSignature("webhook-signature has no v1,<base64 HMAC-SHA256> entry")
+    prefix = f"{msg_id}.{timestamp}.".encode()
+    return StreamedMac(
+        macs=[hmac.new(key, prefix, hashlib.sha256) for key in keys],
+        given=given,
+        render=base64_text,
+        failure="no v1 signature matches the body",
+    )
+
+
+def _v1_signatures(header: str) -> list[bytes]:
+    """The well-formed ``v1,<base64 of 32 bytes>`` entries, as sent."""
+    found = []
+    for candidate in header.split():
         version, _, value = candidate.partition(",")
         if version != "v1":
             continue
-        if any(hmac.compare_digest(value.encode(), e) for e in expected):
-            return
-    raise InvalidSignature("no v1 signature matches the body")
+        try:
+            if len(base64.b64decode(value, validate=True)) == hashlib.sha256().digest_size:
+                found.append(value.encode())
+        except ValueError:  # binascii.Error, or characters outside ASCII
+            continue
+    return found
+
+
+def verify_standard_webhooks(
+    *,
+    keys: list[bytes],
+    body: Body,
+    msg_id: str | None,
+    timestamp: str | None,
+    signature_header: str | None,
+    tolerance_seconds: int,
+    now: float | None = None,
+) -> None:
+    check = standard_webhooks_admission(
+        keys=keys,
+        msg_id=msg_id,
+        timestamp=timestamp,
+        signature_header=signature_header,
+        tolerance_seconds=tolerance_seconds,
+        now=now,
+    )
+    check.update(body)
+    check.verify()

@@ -5,13 +5,23 @@ Verification follows AWS's rules: the signing certificate is fetched only over h
 the documented "Name\\nValue\\n" string with SHA1 (SignatureVersion 1) or SHA256 (2), and the
 topic must be one of the source's ``topic_arns`` (anyone can point their own, validly signed
 topic at a public endpoint). Network access goes through ``SnsHttp`` so tests inject a fake.
+
+Everything that can be checked from the message itself (topic, type, signature version and
+encoding, timestamp age, certificate URL) is checked before anything is fetched. A
+certificate that cannot be fetched (network, DNS, timeout, a 5xx) is answered 503 with
+``Retry-After``: SNS retries 5xx deliveries and drops a message on a 4xx. The failure is
+remembered for ``FAILURE_TTL_SECONDS`` per URL, so a flood of deliveries during an outage
+costs one fetch, not one each.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import math
 import re
+import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -24,12 +34,21 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
 from app.ingest.adapter import Described, Headers, parse_json, resolve_key
-from app.ingest.exceptions import InvalidPayload, InvalidSignature, StaleTimestamp
+from app.ingest.admission import Body, DeferredCheck
+from app.ingest.exceptions import (
+    CertificateUnavailable,
+    InvalidPayload,
+    InvalidSignature,
+    StaleTimestamp,
+)
 from app.source_config import SourceConfig
 
 log = structlog.get_logger(__name__)
-SNS_HOST = re.compile(r"^sns\.[a-z0-9-]+\.amazonaws\.com(\.cn)?$")
+# sns.<region>.amazonaws.com(.cn): the region part is what makes it AWS's host; a bare
+# ``sns.<anything>.amazonaws.com`` also matches S3 virtual-hosted buckets anyone may own.
+SNS_HOST = re.compile(r"^sns\.[a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-[0-9]{1,2}\.amazonaws\.com(\.cn)?$")
 DEFAULT_MAX_AGE = 3600  # SNS retries an HTTP delivery for up to an hour with custom policies
+FAILURE_TTL_SECONDS = 30.0
 _SIGNED_FIELDS = {
     "Notification": ("Message", "MessageId", "Subject", "Timestamp", "TopicArn", "Type"),
     "SubscriptionConfirmation": (
@@ -79,31 +98,79 @@ def check_sns_url(url: str, what: str) -> None:
 
 
 class SnsCertificates:
-    """Public keys by certificate URL; a small bounded cache (AWS rotates them rarely)."""
+    """Public keys by certificate URL, and recent fetch failures; both small and bounded."""
 
-    def __init__(self, http: SnsHttp, *, max_entries: int = 32) -> None:
+    def __init__(
+        self,
+        http: SnsHttp,
+        *,
+        max_entries: int = 32,
+        failure_ttl: float = FAILURE_TTL_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.http = http
         self.max_entries = max_entries
+        self.failure_ttl = failure_ttl
+        self.clock = clock
         self._keys: dict[str, rsa.RSAPublicKey] = {}
+        self._failed_until: dict[str, float] = {}
 
     async def public_key(self, url: str) -> rsa.RSAPublicKey:
-        check_sns_url(url, "SigningCertURL")
-        if not httpx.URL(url).path.endswith(".pem"):
-            raise InvalidSignature("SigningCertURL must point to a .pem certificate")
+        check_certificate_url(url)
         if url in self._keys:
             return self._keys[url]
+        self._refuse_while_failing(url)
         try:
             pem = await self.http.fetch_certificate(url)
+        except (httpx.TransportError, OSError) as exc:
+            raise self._failed(url, exc) from exc
+        except httpx.HTTPStatusError as exc:
+            if exc.response.status_code >= 500:
+                raise self._failed(url, exc) from exc
+            log.warning("sns_certificate_refused", url=url, status=exc.response.status_code)
+            raise InvalidSignature("the SNS signing certificate URL does not serve one") from exc
+        try:
             key = x509.load_pem_x509_certificate(pem).public_key()
-        except (httpx.HTTPError, ValueError, OSError) as exc:
-            log.warning("sns_certificate_unavailable", url=url, error=type(exc).__name__)
+        except ValueError as exc:
             raise InvalidSignature("the SNS signing certificate could not be loaded") from exc
         if not isinstance(key, rsa.RSAPublicKey):
             raise InvalidSignature("the SNS signing certificate does not hold an RSA key")
-        if len(self._keys) >= self.max_entries:
-            self._keys.pop(next(iter(self._keys)))
-        self._keys[url] = key
+        _bounded_put(self._keys, url, key, self.max_entries)
         return key
+
+    def _refuse_while_failing(self, url: str) -> None:
+        until = self._failed_until.get(url)
+        if until is None:
+            return
+        left = until - self.clock()
+        if left <= 0:
+            del self._failed_until[url]
+            return
+        raise CertificateUnavailable(
+            "the SNS signing certificate could not be fetched; retry later",
+            retry_after=math.ceil(left),
+        )
+
+    def _failed(self, url: str, exc: Exception) -> CertificateUnavailable:
+        log.warning("sns_certificate_unavailable", url=url, error=type(exc).__name__)
+        until = self.clock() + self.failure_ttl
+        _bounded_put(self._failed_until, url, until, self.max_entries)
+        return CertificateUnavailable(
+            "the SNS signing certificate could not be fetched; retry later",
+            retry_after=math.ceil(self.failure_ttl),
+        )
+
+
+def check_certificate_url(url: str) -> None:
+    check_sns_url(url, "SigningCertURL")
+    if not httpx.URL(url).path.endswith(".pem"):
+        raise InvalidSignature("SigningCertURL must point to a .pem certificate")
+
+
+def _bounded_put(cache: dict[str, Any], key: str, value: Any, max_entries: int) -> None:
+    if key not in cache and len(cache) >= max_entries:
+        cache.pop(next(iter(cache)))  # the oldest entry
+    cache[key] = value
 
 
 def string_to_sign(message: dict[str, Any]) -> bytes:
@@ -119,15 +186,27 @@ def string_to_sign(message: dict[str, Any]) -> bytes:
 
 
 class AwsSnsSource:
-    def __init__(self, name: str, config: SourceConfig, *, http: SnsHttp | None) -> None:
+    def __init__(
+        self,
+        name: str,
+        config: SourceConfig,
+        *,
+        http: SnsHttp | None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.name = name
         self.config = config
         self.http = http or HttpxSnsHttp()
-        self.certificates = SnsCertificates(self.http)
+        self.certificates = SnsCertificates(self.http, clock=clock)
         self.topics = frozenset(config.topic_arns)
         self.max_age = config.tolerance_seconds or DEFAULT_MAX_AGE
 
-    async def verify(self, headers: Headers, body: bytes) -> None:
+    def admit(self, headers: Headers) -> DeferredCheck:
+        # SNS signs the body only (its headers say nothing verifiable); an SNS message is
+        # small (256 KiB at most), so ``max_body_bytes`` can be set low for this source.
+        return DeferredCheck(lambda body: self.verify(headers, body))
+
+    async def verify(self, headers: Headers, body: Body) -> None:
         message = _message(body)
         if message.get("TopicArn") not in self.topics:
             raise InvalidSignature("TopicArn is not one of this source's topic_arns")
@@ -138,14 +217,17 @@ class AwsSnsSource:
             signature = base64.b64decode(str(message.get("Signature", "")), validate=True)
         except binascii.Error as exc:
             raise InvalidSignature("Signature is not base64") from exc
-        key = await self.certificates.public_key(str(message.get("SigningCertURL", "")))
+        _check_age(str(message.get("Timestamp", "")), self.max_age)
+        signed = string_to_sign(message)
+        url = str(message.get("SigningCertURL", ""))
+        check_certificate_url(url)
+        key = await self.certificates.public_key(url)  # the only outbound call
         try:
-            key.verify(signature, string_to_sign(message), padding.PKCS1v15(), _HASHES[version]())
+            key.verify(signature, signed, padding.PKCS1v15(), _HASHES[version]())
         except CryptoInvalidSignature:
             raise InvalidSignature("SNS signature does not match the message") from None
-        _check_age(str(message.get("Timestamp", "")), self.max_age)
 
-    async def describe(self, headers: Headers, body: bytes) -> list[Described]:
+    async def describe(self, headers: Headers, body: Body) -> list[Described]:
         message = _message(body)
         kind, topic = message["Type"], message["TopicArn"]
         if kind == "SubscriptionConfirmation":
@@ -183,7 +265,7 @@ class AwsSnsSource:
         log.info("sns_subscription_confirmed", source=self.name, topic=topic)
 
 
-def _message(body: bytes) -> dict[str, Any]:
+def _message(body: Body) -> dict[str, Any]:
     # SNS posts JSON with Content-Type text/plain, so the media type is not checked.
     message = parse_json(body)
     if not isinstance(message, dict) or message.get("Type") not in _SIGNED_FIELDS:

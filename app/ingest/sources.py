@@ -4,6 +4,8 @@ GitHub sends ~60 event kinds; all share the envelope read here: the kind in
 ``X-GitHub-Event``, an optional ``action`` (the event type becomes ``kind.action``), the
 delivery GUID in ``X-GitHub-Delivery`` (kept across GitHub's redeliveries) and one of
 ``repository`` / ``organization`` / ``installation`` / ``sender`` naming what it is about.
+Only the body is signed, so its digest is a second dedup identity (a replay under a new
+delivery GUID is a duplicate).
 """
 
 from __future__ import annotations
@@ -21,12 +23,14 @@ from app.ingest.adapter import (
     first_key,
     media_type,
     parse_json,
+    signed_digest,
 )
+from app.ingest.admission import Body, StreamedMac, verify_whole
 from app.ingest.alerting import AlertSource
 from app.ingest.cloudevents import CloudEventsSource
 from app.ingest.exceptions import InvalidPayload
 from app.ingest.generic import GenericSource
-from app.ingest.signatures import verify_github
+from app.ingest.signatures import github_admission
 from app.ingest.sns import AwsSnsSource, SnsHttp
 from app.source_config import SourceConfig
 
@@ -55,10 +59,13 @@ class GitHubSource:
         self.group_key = config.group_key
         self.group_keys = {**GITHUB_GROUP_KEYS, **config.group_keys}
 
-    async def verify(self, headers: Headers, body: bytes) -> None:
-        verify_github(self.secrets, body, headers.get("x-hub-signature-256"))
+    def admit(self, headers: Headers) -> StreamedMac:
+        return github_admission(self.secrets, headers.get("x-hub-signature-256"))
 
-    async def describe(self, headers: Headers, body: bytes) -> list[Described]:
+    async def verify(self, headers: Headers, body: Body) -> None:
+        await verify_whole(self.admit(headers), body)
+
+    async def describe(self, headers: Headers, body: Body) -> list[Described]:
         kind = headers.get("x-github-event")
         if not kind:
             raise InvalidPayload("missing X-GitHub-Event header")
@@ -70,14 +77,22 @@ class GitHubSource:
         action = payload.get("action")
         event_type = f"{kind}.{action}" if isinstance(action, str) and action else kind
         delivery = headers.get("x-github-delivery") or content_hash(payload)
-        return [Described(event_type, delivery, self.group_key_of(kind, payload), payload)]
+        return [
+            Described(
+                event_type,
+                delivery,
+                self.group_key_of(kind, payload),
+                payload,
+                replay_id=signed_digest(body),  # X-GitHub-Delivery is not signed
+            )
+        ]
 
     def group_key_of(self, kind: str, payload: dict[str, Any]) -> str:
         specs = [s for s in (self.group_key, self.group_keys.get(kind)) if s]
         return first_key(payload, [*specs, *GITHUB_DEFAULT_RULE]) or self.name
 
 
-def _github_payload(headers: Headers, body: bytes) -> Any:
+def _github_payload(headers: Headers, body: Body) -> Any:
     if media_type(headers) == "application/x-www-form-urlencoded":
         # GitHub's "form" content type: the JSON document is in the `payload` field.
         form = parse_qs(body.decode("utf-8", "replace"))

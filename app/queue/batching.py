@@ -3,9 +3,10 @@
 Each request calls ``enqueue`` and awaits its own ``EnqueueResult``. Whatever arrived while
 the previous round trip was in flight (or in the same event-loop turn) goes out together: one
 Lua call per partition touched, all sent in one pipeline. The Lua script keeps the
-single-event guarantees per event — dedup check, XADD, dedup key and queued marker in one
-atomic step — and one call only touches keys of one partition (one hash tag), so it stays
-Redis Cluster safe.
+single-event guarantees per event — dedup check, XADD, dedup keys and queued marker in one
+atomic step (it is ``streams.ENQUEUE``, the script ``EventQueue.enqueue`` runs for one
+event) — and one call only touches keys of one partition (one hash tag), so it stays Redis
+Cluster safe.
 
 Invariants:
 - At most one batch is in flight, and a batch holds events in call order, so events of one
@@ -25,28 +26,7 @@ from typing import Any, Protocol
 
 from redis.exceptions import NoScriptError
 
-from app.queue.streams import EnqueueResult, EventQueue
-
-# KEYS and ARGV hold one triple per event, in call order:
-# KEYS: dedup key, stream key, queued marker; ARGV: event id, window (ms), event bytes.
-_ENQUEUE_MANY = """
-local out = {}
-for i = 0, #KEYS / 3 - 1 do
-  local k = i * 3
-  local existing = redis.call('GET', KEYS[k + 1])
-  if existing then
-    out[#out + 1] = 0
-    out[#out + 1] = existing
-  else
-    redis.call('XADD', KEYS[k + 2], '*', 'e', ARGV[k + 3])
-    redis.call('SET', KEYS[k + 1], ARGV[k + 1], 'PX', ARGV[k + 2])
-    redis.call('SET', KEYS[k + 3], '1', 'PX', ARGV[k + 2])
-    out[#out + 1] = 1
-    out[#out + 1] = ARGV[k + 1]
-  end
-end
-return out
-"""
+from app.queue.streams import ENQUEUE, EnqueueResult, EventQueue
 
 
 class EventEnqueuer(Protocol):
@@ -61,13 +41,14 @@ class EventEnqueuer(Protocol):
         group_key: str,
         data: bytes,
         dedup_window_ms: int,
+        replay_id: str | None = None,
     ) -> EnqueueResult: ...
 
 
 @dataclass(slots=True)
 class _Pending:
     partition: int
-    keys: tuple[str, str, str]
+    keys: tuple[str, str, str, str]
     args: tuple[str, int, bytes]
     future: asyncio.Future[EnqueueResult] = field(repr=False)
 
@@ -77,7 +58,7 @@ class EnqueueBatcher:
         self.queue = queue
         self.max_batch = max_batch
         self.round_trips = 0  # batches sent; read by tests and the benchmarks
-        self._sha = hashlib.sha1(_ENQUEUE_MANY.encode(), usedforsecurity=False).hexdigest()
+        self._sha = hashlib.sha1(ENQUEUE.encode(), usedforsecurity=False).hexdigest()
         self._pending: list[_Pending] = []
         self._flusher: asyncio.Task[None] | None = None
 
@@ -90,6 +71,7 @@ class EnqueueBatcher:
         group_key: str,
         data: bytes,
         dedup_window_ms: int,
+        replay_id: str | None = None,
     ) -> EnqueueResult:
         queue = self.queue
         partition = queue.partition_of(group_key)
@@ -97,10 +79,12 @@ class EnqueueBatcher:
         self._pending.append(
             _Pending(
                 partition=partition,
-                keys=(
-                    queue.dedup_key(partition, source, delivery_id),
-                    queue.stream_key(partition),
-                    queue.queued_marker_key(partition, event_id),
+                keys=queue.enqueue_keys(
+                    partition,
+                    source=source,
+                    delivery_id=delivery_id,
+                    replay_id=replay_id,
+                    event_id=event_id,
                 ),
                 args=(event_id, dedup_window_ms, data),
                 future=future,
@@ -128,7 +112,7 @@ class EnqueueBatcher:
             if lost:
                 # Redis lost its script cache (restart, SCRIPT FLUSH): nothing ran for these
                 # partitions; load the script and send just them again.
-                await self.queue.redis.script_load(_ENQUEUE_MANY)
+                await self.queue.redis.script_load(ENQUEUE)
                 again = await self._send([groups[i] for i in lost])
                 for i, reply in zip(lost, again, strict=True):
                     replies[i] = reply

@@ -1,7 +1,7 @@
 """Partitioned Redis Streams: the durable queue between ingest and the worker.
 
-Keys carry a hash tag per partition (``{prefix}:{p7}:...``) so the dedup key and the stream
-of one partition live in the same Redis Cluster slot and one Lua call can touch both.
+Keys carry a hash tag per partition (``{prefix}:{p7}:...``) so the dedup keys and the stream
+of one partition live in the same Redis Cluster slot and one Lua call can touch them all.
 """
 
 from __future__ import annotations
@@ -16,16 +16,32 @@ from redis.exceptions import ResponseError
 
 GROUP = b"eventgate"
 
-# Dedup and enqueue in one atomic step: a 2xx is only sent once the XADD has happened, and a
-# redelivery finds the first event id under the dedup key.
-# KEYS[3] marks the event as queued (for the admin API) until the worker has stored it.
-_ENQUEUE = """
-local existing = redis.call('GET', KEYS[1])
-if existing then return {0, existing} end
-redis.call('XADD', KEYS[2], '*', 'e', ARGV[3])
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-redis.call('SET', KEYS[3], '1', 'PX', ARGV[2])
-return {1, ARGV[1]}
+# Dedup and enqueue in one atomic step, for one event or a batch (the one enqueue script: the
+# batched ingest path and ``EventQueue.enqueue`` both run it). Per event, in call order:
+# KEYS: dedup key, second dedup key, stream key, queued marker;
+# ARGV: event id, window (ms), event bytes.
+# An event is a duplicate when either dedup key holds an event id (the first one's is
+# answered); else it is XADDed and both keys, and the queued marker (for the admin API,
+# until the worker has stored it), are set. An event without a second identity passes its
+# dedup key twice. A 2xx is only sent once the XADD has happened.
+ENQUEUE = """
+local out = {}
+for i = 0, #KEYS / 4 - 1 do
+  local k, a = i * 4, i * 3
+  local existing = redis.call('GET', KEYS[k + 1]) or redis.call('GET', KEYS[k + 2])
+  if existing then
+    out[#out + 1] = 0
+    out[#out + 1] = existing
+  else
+    redis.call('XADD', KEYS[k + 3], '*', 'e', ARGV[a + 3])
+    redis.call('SET', KEYS[k + 1], ARGV[a + 1], 'PX', ARGV[a + 2])
+    redis.call('SET', KEYS[k + 2], ARGV[a + 1], 'PX', ARGV[a + 2])
+    redis.call('SET', KEYS[k + 4], '1', 'PX', ARGV[a + 2])
+    out[#out + 1] = 1
+    out[#out + 1] = ARGV[a + 1]
+  end
+end
+return out
 """
 
 # Fenced ack: a worker whose lease tenure ended (ARGV[3] no longer the lease value) cannot ack.
@@ -58,7 +74,7 @@ class EventQueue:
         self.redis = redis
         self.prefix = prefix
         self.partitions = partitions
-        self._enqueue = redis.register_script(_ENQUEUE)
+        self._enqueue = redis.register_script(ENQUEUE)
         self._ack = redis.register_script(_ACK)
 
     def partition_of(self, group_key: str) -> int:
@@ -75,8 +91,24 @@ class EventQueue:
         """Hash of entry id → processing failures, for the entries not yet acked."""
         return f"{self.prefix}:{{p{partition}}}:failures"
 
+    def replay_key(self, partition: int, source: str, replay_id: str) -> str:
+        digest = hashlib.sha256(f"{source}\0{replay_id}".encode()).hexdigest()[:32]
+        return f"{self.prefix}:{{p{partition}}}:signed:{digest}"
+
     def queued_marker_key(self, partition: int, event_id: str) -> str:
         return f"{self.prefix}:{{p{partition}}}:queued:{event_id}"
+
+    def enqueue_keys(
+        self, partition: int, *, source: str, delivery_id: str, replay_id: str | None, event_id: str
+    ) -> tuple[str, str, str, str]:
+        """The KEYS of one event for ``ENQUEUE``; all in the partition's hash tag."""
+        dedup = self.dedup_key(partition, source, delivery_id)
+        return (
+            dedup,
+            dedup if replay_id is None else self.replay_key(partition, source, replay_id),
+            self.stream_key(partition),
+            self.queued_marker_key(partition, event_id),
+        )
 
     async def is_queued(self, event_id: str) -> bool:
         """True while the event is on a stream and not yet stored by a worker."""
@@ -95,14 +127,21 @@ class EventQueue:
         group_key: str,
         data: bytes,
         dedup_window_ms: int,
+        replay_id: str | None = None,
     ) -> EnqueueResult:
+        """One event, one Lua call. ``replay_id`` is a second identity of the delivery (a
+        digest of what its signature covers): a match on it is a duplicate too."""
         partition = self.partition_of(group_key)
-        keys = [
-            self.dedup_key(partition, source, delivery_id),
-            self.stream_key(partition),
-            self.queued_marker_key(partition, event_id),
-        ]
-        created, stored_id = await self._enqueue(keys=keys, args=[event_id, dedup_window_ms, data])
+        keys = self.enqueue_keys(
+            partition,
+            source=source,
+            delivery_id=delivery_id,
+            replay_id=replay_id,
+            event_id=event_id,
+        )
+        created, stored_id = await self._enqueue(
+            keys=list(keys), args=[event_id, dedup_window_ms, data]
+        )
         return EnqueueResult(
             stored_id.decode() if isinstance(stored_id, bytes) else stored_id, bool(created)
         )

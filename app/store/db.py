@@ -14,8 +14,9 @@ from sqlalchemy.ext.asyncio import (
 
 
 def create_engine(url: str, *, pool_size: int = 20) -> AsyncEngine:
+    """SQL errors never carry their bound parameters (event payloads) into a log line."""
     if url.startswith("sqlite"):
-        engine = create_async_engine(url, connect_args={"timeout": 30})
+        engine = create_async_engine(url, connect_args={"timeout": 30}, hide_parameters=True)
 
         @event.listens_for(engine.sync_engine, "connect")
         def _pragmas(conn: Any, _: Any) -> None:
@@ -33,7 +34,11 @@ def create_engine(url: str, *, pool_size: int = 20) -> AsyncEngine:
     # use invalidates the whole pool, so a database restart fails one unit of work, which
     # is retried (worker, relay); recycling replaces connections an idle timeout may cut.
     return create_async_engine(
-        url, pool_size=pool_size, max_overflow=pool_size // 2, pool_recycle=300
+        url,
+        pool_size=pool_size,
+        max_overflow=pool_size // 2,
+        pool_recycle=300,
+        hide_parameters=True,
     )
 
 

@@ -39,7 +39,7 @@ def _head(port: int, extra: str) -> bytes:
     return (
         f"POST /v1/webhooks/github HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
         f"Content-Type: application/json\r\nX-GitHub-Event: issues\r\n"
-        f"X-GitHub-Delivery: d1\r\nX-Hub-Signature-256: sha256=00\r\n{extra}\r\n"
+        f"X-GitHub-Delivery: d1\r\nX-Hub-Signature-256: sha256={'0' * 64}\r\n{extra}\r\n"
     ).encode()
 
 

@@ -15,10 +15,14 @@ from app.config import ConfigError, GatewayConfig, builtin_config_text, parse_co
 
 RICH = """
 sources:
-  github: {type: github, secret: s1 s2, pipeline: triage, group_keys: {push: repository.full_name}}
+  github:
+    type: github
+    secret: rich-config-secret-1 rich-config-secret-2
+    pipeline: triage
+    group_keys: {push: repository.full_name}
   alerts:
     type: alertmanager
-    token: t
+    token: rich-config-token-value
     pipeline: triage
     collapse: {window_seconds: 60}
     filters:
@@ -27,7 +31,7 @@ sources:
       require: [{path: alerts.0.labels.severity, in: [critical, high]}]
   hook:
     type: hmac
-    secret: h
+    secret: rich-config-hmac-secret
     pipeline: triage
     split: true
     group_key: "{device.site}/{device.id}"
@@ -46,7 +50,7 @@ tools:
     group_id: llm
 """
 BASES = [yaml.safe_load(RICH), yaml.safe_load(builtin_config_text())]
-ENV = {"GITHUB_WEBHOOK_SECRET": "x"}
+ENV = {"GITHUB_WEBHOOK_SECRET": "property-test-github-secret"}
 
 yaml_scalars = (
     st.none()

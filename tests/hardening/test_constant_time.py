@@ -3,7 +3,9 @@
 A timing test would be flaky on a shared 2-core machine, so the proof is structural: with
 ``compare_digest`` replaced by one that always answers True, every scheme accepts a wrong
 credential (so that answer is the one that decides — no ``==`` anywhere); answering False,
-the right credential is refused. Stale timestamps are refused before any comparison."""
+the right credential is refused. The wrong credentials have the right shape (a malformed
+signature header is refused before any comparison). Stale timestamps are refused before any
+comparison."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from app.ingest.auth import HmacDefaults, build_authenticator
 from app.ingest.exceptions import InvalidSignature, StaleTimestamp
 from app.source_config import SourceConfig
 
-SECRET = "s3cr3t"
+SECRET = "constant-time-s3cr3t"
 BODY = b'{"a": 1}'
 Check = Callable[[bool], None]  # right=True uses the right credential
 
@@ -54,7 +56,7 @@ def basic(right: bool) -> None:
 def standard(right: bool) -> None:
     now = str(int(time.time()))
     mac = hmac.new(SECRET.encode(), f"m1.{now}.".encode() + BODY, hashlib.sha256).digest()
-    value = base64.b64encode(mac).decode() if right else "AAAA"
+    value = base64.b64encode(mac if right else bytes(32)).decode()
     signatures.verify_standard_webhooks(
         keys=[SECRET.encode()],
         body=BODY,
@@ -68,7 +70,7 @@ def standard(right: bool) -> None:
 def generic(right: bool) -> None:
     now = str(int(time.time()))
     mac = hmac.new(SECRET.encode(), f"{now}.".encode() + BODY, hashlib.sha256).hexdigest()
-    _hmac_source()({"x-sig": mac if right else "00", "x-ts": now}, BODY)
+    _hmac_source()({"x-sig": mac if right else "0" * 64, "x-ts": now}, BODY)
 
 
 SCHEMES = [github, bearer, basic, standard, generic]
@@ -110,7 +112,7 @@ def test_timestamps_outside_the_tolerance_are_refused_before_comparing(
     calls = decide(True)
     sent = str(int(time.time()) + offset)
     with pytest.raises(StaleTimestamp):
-        _hmac_source()({"x-sig": "00", "x-ts": sent}, BODY)
+        _hmac_source()({"x-sig": "0" * 64, "x-ts": sent}, BODY)
     with pytest.raises(StaleTimestamp):
         signatures.verify_standard_webhooks(
             keys=[SECRET.encode()],
@@ -122,5 +124,5 @@ def test_timestamps_outside_the_tolerance_are_refused_before_comparing(
         )
     assert calls == []
     inside = str(int(time.time()) + (offset - 2 if offset > 0 else offset + 2))
-    _hmac_source()({"x-sig": "00", "x-ts": inside}, BODY)  # within: compared (and "equal")
+    _hmac_source()({"x-sig": "0" * 64, "x-ts": inside}, BODY)  # within: compared ("equal")
     assert calls

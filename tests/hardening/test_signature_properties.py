@@ -30,7 +30,9 @@ from app.source_config import SourceConfig
 header = st.text(st.characters(min_codepoint=0x20, max_codepoint=0xFF), max_size=80)
 maybe_header = st.none() | header
 bodies = st.binary(max_size=200)
-SECRET = "s3cr3t"
+SECRET = "signature-properties-s3cr3t"
+TOKEN = "the-right-bearer-token"
+PASSWORD = "the-right-password"
 NOW = 1_760_000_000.0
 
 
@@ -122,8 +124,8 @@ def _generic_auth(encoding: str):  # type: ignore[no-untyped-def]
             "type": "grafana",  # takes an HMAC scheme, a token and basic auth together
             "pipeline": "p",
             "secret": SECRET,
-            "token": "the-token",
-            "basic_auth": {"username": "user", "password": "pass"},
+            "token": TOKEN,
+            "basic_auth": {"username": "user", "password": PASSWORD},
             "signature": {
                 "header": "X-Sig",
                 "encoding": encoding,
@@ -148,7 +150,7 @@ def test_generic_hmac_and_token_any_headers(
     body: bytes, encoding: str, headers: dict[str, str]
 ) -> None:
     credential = headers.get("authorization", "").partition(" ")[2].strip()
-    assume(credential not in ("the-token", base64.b64encode(b"user:pass").decode()))
+    assume(credential not in (TOKEN, base64.b64encode(f"user:{PASSWORD}".encode()).decode()))
     with pytest.raises(InvalidSignature):
         _generic_auth(encoding)(headers, body)
 

@@ -77,3 +77,28 @@ async def test_certificate_is_fetched_only_from_an_sns_pem_url() -> None:
         with pytest.raises(InvalidSignature):
             await certificates.public_key(url)
     assert http.fetched == []
+
+
+@pytest.mark.parametrize(
+    ("host", "accepted"),
+    [
+        ("sns.us-east-1.amazonaws.com", True),
+        ("sns.eu-central-2.amazonaws.com", True),
+        ("sns.us-gov-west-1.amazonaws.com", True),
+        ("sns.ap-southeast-5.amazonaws.com", True),
+        ("sns.cn-north-1.amazonaws.com.cn", True),
+        # An S3 bucket named like that is anyone's: "s3" is no region.
+        ("sns.s3.amazonaws.com", False),
+        ("sns.evil.amazonaws.com", False),
+        ("sns.us-east.amazonaws.com", False),
+        ("sns.us-east-1-evil.amazonaws.com", False),
+        ("sns.amazonaws.com", False),
+    ],
+)
+def test_only_region_hosts_are_sns_hosts(host: str, accepted: bool) -> None:
+    url = f"https://{host}/SimpleNotificationService-x.pem"
+    if accepted:
+        check_sns_url(url, "SigningCertURL")
+    else:
+        with pytest.raises(InvalidSignature):
+            check_sns_url(url, "SigningCertURL")

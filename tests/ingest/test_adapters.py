@@ -18,6 +18,11 @@ from app.source_config import SourceConfig
 from tests.sources_support import payload
 from tests.support import github_request
 
+GH = "adapter-github-secret"
+TOKEN = "adapter-bearer-token"
+GRAFANA = "adapter-grafana-secret"
+CE_SECRET = "adapter-cloudevents-secret"
+
 
 def config(**keys: Any) -> SourceConfig:
     return SourceConfig.model_validate({"pipeline": "p", **keys})
@@ -37,12 +42,14 @@ def lower(headers: dict[str, str]) -> dict[str, str]:
     ],
 )
 async def test_github_common_events(name: str, kind: str, event_type: str) -> None:
-    adapter = build_adapter("gh", config(type="github", secret="new old"))
-    body, headers = github_request("old", payload(name), event=kind, delivery="d-1")
+    adapter = build_adapter(
+        "gh", config(type="github", secret="adapter-secret-new adapter-secret-old")
+    )
+    body, headers = github_request("adapter-secret-old", payload(name), event=kind, delivery="d-1")
     await adapter.verify(lower(headers), body)  # the rotated-out secret still verifies
     (event,) = await adapter.describe(lower(headers), body)
     assert (event.type, event.delivery_id, event.group_key) == (event_type, "d-1", "acme/widgets")
-    body2, bad = github_request("wrong", payload(name), event=kind)
+    body2, bad = github_request("adapter-secret-wrong", payload(name), event=kind)
     with pytest.raises(InvalidSignature):
         await adapter.verify(lower(bad), body2)
 
@@ -52,14 +59,14 @@ async def test_github_ping_is_ignored_and_group_key_rules() -> None:
         "gh",
         config(
             type="github",
-            secret="s",
+            secret=GH,
             group_keys={"pull_request": "{repository.full_name}#{pull_request.number}"},
         ),
     )
-    body, headers = github_request("s", payload("github_ping.json"), event="ping")
+    body, headers = github_request(GH, payload("github_ping.json"), event="ping")
     assert await adapter.describe(lower(headers), body) == []
     body, headers = github_request(
-        "s", payload("github_pull_request_opened.json"), event="pull_request"
+        GH, payload("github_pull_request_opened.json"), event="pull_request"
     )
     (event,) = await adapter.describe(lower(headers), body)
     assert event.group_key == "acme/widgets#1347"
@@ -72,13 +79,13 @@ async def test_github_ping_is_ignored_and_group_key_rules() -> None:
         ),
         ({"action": "created", "sender": {"login": "mona"}}, "mona"),
     ]:
-        body, headers = github_request("s", data, event="membership")
+        body, headers = github_request(GH, data, event="membership")
         (event,) = await adapter.describe(lower(headers), body)
         assert event.group_key == key
 
 
 async def test_alertmanager_v4_dedup_identity_and_truncated_alerts_kept() -> None:
-    adapter = build_adapter("am", config(type="alertmanager", token="t"))
+    adapter = build_adapter("am", config(type="alertmanager", token=TOKEN))
     data = payload("alertmanager_v4.json") | {"truncatedAlerts": 2}
     (event,) = await adapter.describe({}, orjson.dumps(data))
     assert event.type == "alert.firing"
@@ -97,9 +104,9 @@ async def test_alertmanager_v4_dedup_identity_and_truncated_alerts_kept() -> Non
 
 
 async def test_grafana_body_with_signature() -> None:
-    adapter = build_adapter("gr", config(type="grafana", secret="g"))
+    adapter = build_adapter("gr", config(type="grafana", secret=GRAFANA))
     body = orjson.dumps(payload("grafana_alert.json"))
-    signature = hmac.new(b"g", body, hashlib.sha256).hexdigest()
+    signature = hmac.new(GRAFANA.encode(), body, hashlib.sha256).hexdigest()
     await adapter.verify({"x-grafana-alerting-signature": signature}, body)
     with pytest.raises(InvalidSignature):
         await adapter.verify({"x-grafana-alerting-signature": "0" * 64}, body)
@@ -110,7 +117,8 @@ async def test_grafana_body_with_signature() -> None:
 
 async def test_cloudevents_structured_batch_and_binary_modes() -> None:
     adapter = build_adapter(
-        "ce", config(type="cloudevents", token="t", group_key="{data.device.site}/{data.device.id}")
+        "ce",
+        config(type="cloudevents", token=TOKEN, group_key="{data.device.site}/{data.device.id}"),
     )
     structured = payload("cloudevent_structured.json")
     (one,) = await adapter.describe(
@@ -152,18 +160,18 @@ async def test_cloudevents_structured_batch_and_binary_modes() -> None:
 
 
 async def test_cloudevents_hmac_auth() -> None:
-    adapter = build_adapter("ce", config(type="cloudevents", secret="k"))
+    adapter = build_adapter("ce", config(type="cloudevents", secret=CE_SECRET))
     body = orjson.dumps(payload("cloudevent_structured.json"))
-    good = hmac.new(b"k", body, hashlib.sha256).hexdigest()
+    good = hmac.new(CE_SECRET.encode(), body, hashlib.sha256).hexdigest()
     await adapter.verify({"x-signature": good}, body)
     with pytest.raises(InvalidSignature):
-        await adapter.verify({"authorization": "Bearer k"}, body)
+        await adapter.verify({"authorization": f"Bearer {CE_SECRET}"}, body)
 
 
 async def test_iot_readings_split_into_one_event_each() -> None:
     adapter = build_adapter(
         "iot",
-        config(type="token", token="t", split=True, group_key="device.id", event_type="status"),
+        config(type="token", token=TOKEN, split=True, group_key="device.id", event_type="status"),
     )
     body = orjson.dumps(payload("iot_readings.json"))
     events = await adapter.describe({"content-type": "application/json"}, body)
@@ -176,7 +184,7 @@ async def test_iot_readings_split_into_one_event_each() -> None:
     again = await adapter.describe({}, body)
     assert [e.delivery_id for e in again] == [e.delivery_id for e in events]
     assert len({e.delivery_id for e in events}) == 3
-    unsplit = build_adapter("iot", config(type="token", token="t", group_key="0.device.id"))
+    unsplit = build_adapter("iot", config(type="token", token=TOKEN, group_key="0.device.id"))
     (whole,) = await unsplit.describe({}, body)
     assert (whole.group_key, whole.batch_index, len(whole.payload)) == ("th-0042", None, 3)
 
@@ -205,3 +213,22 @@ def test_group_key_templates_need_every_part() -> None:
     assert resolve_key(data, "{device.site}/{device.serial}") is None
     assert resolve_key(data, "device.id") == "7"
     assert resolve_key(data, "device") is None  # an object is not a key
+
+
+async def test_cloudevents_binary_mode_keeps_non_text_data_as_data_base64() -> None:
+    adapter = build_adapter("ce", config(type="cloudevents", token=TOKEN))
+    raw = bytes(range(256))
+    headers = {
+        "content-type": "application/octet-stream",
+        "ce-specversion": "1.0",
+        "ce-id": "blob-1",
+        "ce-source": "/cameras/gate",
+        "ce-type": "com.acme.snapshot",
+    }
+    (event,) = await adapter.describe(headers, raw)
+    # The structured form of the same event (what structured mode would have carried).
+    assert event.payload["data_base64"] == base64.b64encode(raw).decode()
+    assert "data" not in event.payload
+    assert event.payload["datacontenttype"] == "application/octet-stream"
+    text = await adapter.describe(headers | {"content-type": "text/plain"}, b"hello")
+    assert text[0].payload["data"] == "hello"

@@ -27,17 +27,19 @@ def sign(secret: str, data: bytes, algo: str = "sha256") -> bytes:
 
 
 def test_hmac_hex_sha256_default_header() -> None:
-    auth = build_authenticator(source(secret="s3"), hmac_defaults=HmacDefaults("X-Signature"))
-    auth({"x-signature": sign("s3", BODY).hex()}, BODY)
+    auth = build_authenticator(
+        source(secret="hmac-test-secret-s3"), hmac_defaults=HmacDefaults("X-Signature")
+    )
+    auth({"x-signature": sign("hmac-test-secret-s3", BODY).hex()}, BODY)
     with pytest.raises(InvalidSignature, match="does not match"):
-        auth({"x-signature": sign("other", BODY).hex()}, BODY)
+        auth({"x-signature": sign("hmac-test-secret-other", BODY).hex()}, BODY)
     with pytest.raises(InvalidSignature, match="missing X-Signature"):
         auth({}, BODY)
 
 
 def test_hmac_sha512_base64_with_prefix_and_timestamp() -> None:
     config = source(
-        secret="k",
+        secret="sha512-test-secret-k",
         signature={
             "header": "X-Hub-Sig",
             "algorithm": "sha512",
@@ -49,24 +51,30 @@ def test_hmac_sha512_base64_with_prefix_and_timestamp() -> None:
     )
     auth = build_authenticator(config, hmac_defaults=HmacDefaults("X-Signature"))
     now = str(int(time.time()))
-    good = base64.b64encode(sign("k", f"v0:{now}:".encode() + BODY, "sha512")).decode()
+    good = base64.b64encode(
+        sign("sha512-test-secret-k", f"v0:{now}:".encode() + BODY, "sha512")
+    ).decode()
     auth({"x-hub-sig": f"sha512={good}", "x-ts": now}, BODY)
     with pytest.raises(InvalidSignature, match="must start with"):
         auth({"x-hub-sig": good, "x-ts": now}, BODY)
     with pytest.raises(InvalidSignature, match="missing X-Ts"):
         auth({"x-hub-sig": f"sha512={good}"}, BODY)
     stale = str(int(time.time()) - 301)
-    old = base64.b64encode(sign("k", f"v0:{stale}:".encode() + BODY, "sha512")).decode()
+    old = base64.b64encode(
+        sign("sha512-test-secret-k", f"v0:{stale}:".encode() + BODY, "sha512")
+    ).decode()
     with pytest.raises(StaleTimestamp):
         auth({"x-hub-sig": f"sha512={old}", "x-ts": stale}, BODY)
 
 
 def test_hmac_rotation_accepts_old_and_new_secret() -> None:
-    auth = build_authenticator(source(secret="new old"), hmac_defaults=HmacDefaults("X-S"))
-    auth({"x-s": sign("old", BODY).hex()}, BODY)
-    auth({"x-s": sign("new", BODY).hex()}, BODY)
+    auth = build_authenticator(
+        source(secret="rotation-secret-new rotation-secret-old"), hmac_defaults=HmacDefaults("X-S")
+    )
+    auth({"x-s": sign("rotation-secret-old", BODY).hex()}, BODY)
+    auth({"x-s": sign("rotation-secret-new", BODY).hex()}, BODY)
     with pytest.raises(InvalidSignature):
-        auth({"x-s": sign("older", BODY).hex()}, BODY)
+        auth({"x-s": sign("rotation-secret-older", BODY).hex()}, BODY)
 
 
 def test_grafana_signs_timestamp_colon_body_in_milliseconds_or_seconds() -> None:
@@ -74,7 +82,7 @@ def test_grafana_signs_timestamp_colon_body_in_milliseconds_or_seconds() -> None
         {
             "type": "grafana",
             "pipeline": "p",
-            "secret": "g",
+            "secret": "grafana-test-secret",
             "signature": {"timestamp_header": "X-Grafana-Alerting-Timestamp"},
         }
     )
@@ -82,7 +90,9 @@ def test_grafana_signs_timestamp_colon_body_in_milliseconds_or_seconds() -> None
     ts = str(int(time.time() * 1000))
     auth(
         {
-            "x-grafana-alerting-signature": sign("g", f"{ts}:".encode() + BODY).hex(),
+            "x-grafana-alerting-signature": sign(
+                "grafana-test-secret", f"{ts}:".encode() + BODY
+            ).hex(),
             "x-grafana-alerting-timestamp": ts,
         },
         BODY,
@@ -90,7 +100,7 @@ def test_grafana_signs_timestamp_colon_body_in_milliseconds_or_seconds() -> None
     with pytest.raises(InvalidSignature):
         auth(
             {
-                "x-grafana-alerting-signature": sign("g", BODY).hex(),
+                "x-grafana-alerting-signature": sign("grafana-test-secret", BODY).hex(),
                 "x-grafana-alerting-timestamp": ts,
             },
             BODY,
@@ -102,17 +112,17 @@ def test_alertmanager_accepts_bearer_or_basic_and_reports_mismatch() -> None:
         {
             "type": "alertmanager",
             "pipeline": "p",
-            "token": "t0k",
-            "basic_auth": {"username": "am", "password": "pw"},
+            "token": "alertmanager-t0k-token",
+            "basic_auth": {"username": "am", "password": "alertmanager-password"},
         }
     )
     auth = build_authenticator(config, hmac_defaults=None)
-    auth({"authorization": "Bearer t0k"}, BODY)
-    auth({"authorization": "Basic " + base64.b64encode(b"am:pw").decode()}, BODY)
+    auth({"authorization": "Bearer alertmanager-t0k-token"}, BODY)
+    auth({"authorization": "Basic " + base64.b64encode(b"am:alertmanager-password").decode()}, BODY)
     with pytest.raises(InvalidSignature, match="credentials do not match"):
         auth({"authorization": "Basic " + base64.b64encode(b"am:nope").decode()}, BODY)
     with pytest.raises(InvalidSignature, match="bearer token does not match"):
-        auth({"authorization": "Bearer t0ken"}, BODY)
+        auth({"authorization": "Bearer alertmanager-t0k-tokens"}, BODY)
     with pytest.raises(InvalidSignature, match="missing Authorization"):
         auth({}, BODY)
 

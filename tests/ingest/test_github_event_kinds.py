@@ -103,7 +103,7 @@ SENDER = {"sender": {"login": "octocat", "id": 1}}
 def source() -> GitHubSource:
     config = parse_config(
         """
-sources: {gh: {type: github, secret: s, pipeline: p}}
+sources: {gh: {type: github, secret: event-kinds-secret, pipeline: p}}
 pipelines: {p: {model: m, system: s, tools: [t]}}
 tools: {t: {description: d, input_schema: {type: object}}}
 """,

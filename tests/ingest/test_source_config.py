@@ -27,24 +27,26 @@ def errors_for(source: str) -> list[str]:
         ("    type: alertmanager\n    pipeline: p\n", "needs 'token' or 'basic_auth'"),
         ("    type: aws-sns\n    pipeline: p\n", "needs 'topic_arns'"),
         (
-            "    type: github\n    pipeline: p\n    secret: x\n    split: true\n",
+            "    type: github\n    pipeline: p\n    secret: sc-secret-0123456\n    split: true\n",
             "split: not used by a 'github'",
         ),
         (
-            "    type: token\n    pipeline: p\n    token: x\n    collapse: {window_seconds: 60}\n",
+            "    type: token\n    pipeline: p\n    token: sc-token-01234567\n"
+            "    collapse: {window_seconds: 60}\n",
             "collapse.fingerprint: needed",
         ),
         (
-            "    type: hmac\n    pipeline: p\n    secret: x\n    signature: {algorithm: md5}\n",
+            "    type: hmac\n    pipeline: p\n    secret: sc-secret-0123456\n"
+            "    signature: {algorithm: md5}\n",
             "sources.s.signature.algorithm",
         ),
         (
-            "    type: hmac\n    pipeline: p\n    secret: x\n"
+            "    type: hmac\n    pipeline: p\n    secret: sc-secret-0123456\n"
             "    signature: {signed_payload: '{ts}.{body}'}\n",
             "signed_payload may use only",
         ),
         (
-            "    type: token\n    pipeline: p\n    token: x\n"
+            "    type: token\n    pipeline: p\n    token: sc-token-01234567\n"
             "    filters: {require: [{path: a, equals: 1, gt: 2}]}\n",
             "needs exactly one of",
         ),
@@ -58,7 +60,7 @@ def test_bad_source_config_names_the_key(source: str, expected: str) -> None:
 def test_llm_group_id_policy_needs_the_property() -> None:
     text = """
 sources:
-  s: {type: token, pipeline: p, token: x}
+  s: {type: token, pipeline: p, token: sc-token-01234567}
 pipelines:
   p: {model: m, system: s, tools: [t]}
 tools:

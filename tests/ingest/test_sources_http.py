@@ -25,19 +25,19 @@ CONFIG = """
 sources:
   github:
     type: github
-    secret: gh-secret
+    secret: sources-http-gh-secret
     pipeline: p
     filters:
       deny_types: ["*.labeled"]
       drop: [{path: sender.type, equals: Bot}]
   alerts:
     type: alertmanager
-    token: am-token
+    token: sources-http-am-token
     pipeline: p
     collapse: {window_seconds: 3600}
   sensors:
     type: hmac
-    secret: iot-secret
+    secret: sources-http-iot-secret
     signature: {header: X-Sensor-Signature, encoding: base64, prefix: "sha256="}
     split: true
     group_key: "{device.site}/{device.id}"
@@ -49,7 +49,7 @@ sources:
     collapse: {window_seconds: 600, fingerprint: "{device.id}"}
   events:
     type: cloudevents
-    token: ce-token
+    token: sources-http-ce-token
     group_key: subject
     pipeline: p
   aws:
@@ -98,7 +98,9 @@ def test_github_queued_duplicate_filtered_and_refused(
     gateway: tuple[httpx.Client, FakeSnsHttp], redis_url: str, redis_prefix: str
 ) -> None:
     client, _ = gateway
-    body, headers = github_request("gh-secret", payload("github_push.json"), event="push")
+    body, headers = github_request(
+        "sources-http-gh-secret", payload("github_push.json"), event="push"
+    )
     first = client.post("/v1/webhooks/github", content=body, headers=headers)
     assert first.status_code == 202
     assert first.json() == {"event_id": first.json()["event_id"], "status": "queued"}
@@ -107,23 +109,25 @@ def test_github_queued_duplicate_filtered_and_refused(
     assert again.json()["event_id"] == first.json()["event_id"]
 
     labeled = payload("github_pull_request_opened.json") | {"action": "labeled"}
-    body, headers = github_request("gh-secret", labeled, event="pull_request")
+    body, headers = github_request("sources-http-gh-secret", labeled, event="pull_request")
     filtered = client.post("/v1/webhooks/github", content=body, headers=headers)
     assert filtered.status_code == 200
     assert filtered.json()["status"] == "filtered"
     assert "pull_request.labeled" in filtered.json()["detail"]
     bot = payload("github_issues_opened.json")
     bot["sender"] = bot["sender"] | {"type": "Bot", "login": "renovate[bot]"}
-    body, headers = github_request("gh-secret", bot, event="issues")
+    body, headers = github_request("sources-http-gh-secret", bot, event="issues")
     assert client.post("/v1/webhooks/github", content=body, headers=headers).json()["status"] == (
         "filtered"
     )
 
-    body, headers = github_request("not-the-secret", payload("github_push.json"), event="push")
+    body, headers = github_request(
+        "not-the-right-secret", payload("github_push.json"), event="push"
+    )
     refused = client.post("/v1/webhooks/github", content=body, headers=headers)
     assert refused.status_code == 401
     assert refused.json()["error"] == "InvalidSignature"
-    assert "gh-secret" not in refused.text
+    assert "sources-http-gh-secret" not in refused.text
 
     metrics = client.get("/metrics").text
     assert 'eventgate_events_filtered_total{reason="type_denied",source="github"}' in metrics
@@ -137,7 +141,7 @@ def test_alert_collapse_counts_repeats_until_resolved(
     gateway: tuple[httpx.Client, FakeSnsHttp],
 ) -> None:
     client, _ = gateway
-    auth = {"Authorization": "Bearer am-token", "Content-Type": "application/json"}
+    auth = {"Authorization": "Bearer sources-http-am-token", "Content-Type": "application/json"}
     group = payload("alertmanager_v4.json")
 
     def send(alerts: list[dict[str, Any]]) -> httpx.Response:
@@ -164,7 +168,7 @@ def test_alert_collapse_counts_repeats_until_resolved(
 
 
 def _sensor_headers(body: bytes) -> dict[str, str]:
-    mac = hmac.new(b"iot-secret", body, hashlib.sha256).digest()
+    mac = hmac.new(b"sources-http-iot-secret", body, hashlib.sha256).digest()
     return {
         "Content-Type": "application/json",
         "X-Sensor-Signature": "sha256=" + base64.b64encode(mac).decode(),
@@ -194,7 +198,7 @@ def test_iot_batch_split_filter_collapse_and_size_limit(
 
 def test_cloudevents_batch_and_binary_over_http(gateway: tuple[httpx.Client, FakeSnsHttp]) -> None:
     client, _ = gateway
-    auth = {"Authorization": "Bearer ce-token"}
+    auth = {"Authorization": "Bearer sources-http-ce-token"}
     batch = orjson.dumps(payload("cloudevents_batch.json"))
     reply = client.post(
         "/v1/webhooks/events",
@@ -231,6 +235,21 @@ def test_cloudevents_batch_and_binary_over_http(gateway: tuple[httpx.Client, Fak
     assert (structured.status_code, structured.json()["status"]) == (202, "queued")
 
 
+def test_an_empty_batch_is_answered_as_a_batch(gateway: tuple[httpx.Client, FakeSnsHttp]) -> None:
+    client, _ = gateway
+    empty = client.post(
+        "/v1/webhooks/events",
+        content=b"[]",
+        headers={
+            "Authorization": "Bearer sources-http-ce-token",
+            "Content-Type": "application/cloudevents-batch+json",
+        },
+    )
+    assert (empty.status_code, empty.json()) == (200, {"events": []})
+    split = client.post("/v1/webhooks/sensors", content=b"[]", headers=_sensor_headers(b"[]"))
+    assert (split.status_code, split.json()) == (200, {"events": []})
+
+
 def test_sns_notification_and_subscription_over_http(
     gateway: tuple[httpx.Client, FakeSnsHttp], signer: SnsSigner
 ) -> None:
@@ -252,3 +271,18 @@ def test_sns_notification_and_subscription_over_http(
     tampered = orjson.loads(body) | {"Message": "{}"}
     refused = client.post("/v1/webhooks/aws", content=orjson.dumps(tampered), headers=headers)
     assert refused.status_code == 401
+
+
+def test_sns_certificate_outage_is_a_503_sns_will_retry(
+    gateway: tuple[httpx.Client, FakeSnsHttp], signer: SnsSigner
+) -> None:
+    client, sns_http = gateway
+    unreachable = "https://sns.eu-west-1.amazonaws.com/SimpleNotificationService-down.pem"
+    body = orjson.dumps(signer.sign(payload("sns_cloudwatch_alarm.json"), cert_url=unreachable))
+    headers = {"Content-Type": "text/plain; charset=UTF-8"}
+    for _ in range(2):
+        reply = client.post("/v1/webhooks/aws", content=body, headers=headers)
+        assert reply.status_code == 503
+        assert reply.json()["error"] == "CertificateUnavailable"
+        assert 1 <= int(reply.headers["Retry-After"]) <= 30
+    assert sns_http.fetched.count(unreachable) == 1  # the failure is remembered for a while

@@ -12,6 +12,7 @@ import pytest
 from redis import Redis
 
 from app.config import load_config
+from app.errors import InternalErrorMiddleware
 from app.ingest.router import WebhookFastPath
 from app.main import create_app
 from app.settings import Settings
@@ -62,11 +63,10 @@ def test_redelivery_gets_200_with_the_original_event_id(api: tuple[str, Settings
     assert first.status_code == 202
     assert second.status_code == 200
     assert second.json() == {"event_id": first.json()["event_id"], "status": "duplicate"}
-    other = httpx.post(
-        f"{url}/v1/webhooks/github",
-        content=body,
-        headers={**headers, "X-GitHub-Delivery": "another-delivery"},
-    )
+    # Another delivery is another event (the same signed body under a new delivery id is a
+    # replay: see test_replay_dedup.py).
+    other_body, other_headers = github_request(SECRET, issue_payload("acme/api", 2))
+    other = httpx.post(f"{url}/v1/webhooks/github", content=other_body, headers=other_headers)
     assert other.status_code == 202
     assert other.json()["event_id"] != first.json()["event_id"]
 
@@ -168,7 +168,11 @@ def test_unknown_source_is_404(api: tuple[str, Settings]) -> None:
 def test_body_over_the_limit_is_413_declared_or_streamed(api: tuple[str, Settings]) -> None:
     url, _ = api
     big = b"x" * 5000
-    declared = httpx.post(f"{url}/v1/webhooks/github", content=big)
+    # A signature header of the right shape: the body is read (and refused when too big).
+    # Without one the request is refused from its headers, body unread.
+    shaped = {"X-Hub-Signature-256": "sha256=" + "0" * 64}
+    assert httpx.post(f"{url}/v1/webhooks/github", content=big).status_code == 401
+    declared = httpx.post(f"{url}/v1/webhooks/github", content=big, headers=shaped)
     assert declared.status_code == 413
     assert declared.json()["error"] == "PayloadTooLarge"
 
@@ -176,7 +180,7 @@ def test_body_over_the_limit_is_413_declared_or_streamed(api: tuple[str, Setting
         for _ in range(10):
             yield b"x" * 1000
 
-    streamed = httpx.post(f"{url}/v1/webhooks/github", content=chunks())
+    streamed = httpx.post(f"{url}/v1/webhooks/github", content=chunks(), headers=shaped)
     assert streamed.status_code == 413
     assert streamed.json()["error"] == "PayloadTooLarge"
 
@@ -219,7 +223,8 @@ def test_webhooks_are_served_by_the_fast_path_and_documented_by_fastapi(
     go on to the router."""
     url, _ = api
     app = create_app(Settings(), load_config(None, env={}), role="api")
-    assert [m.cls for m in app.user_middleware] == [WebhookFastPath]  # type: ignore[comparison-overlap]
+    # The fast path first; the last-resort JSON 500 handler around the routes.
+    assert [m.cls for m in app.user_middleware] == [WebhookFastPath, InternalErrorMiddleware]  # type: ignore[comparison-overlap]
     operation = httpx.get(f"{url}/openapi.json").json()["paths"]["/v1/webhooks/{source}"]
     assert [p["name"] for p in operation["post"]["parameters"]] == ["source"]
     assert {"202", "401", "404", "413", "503"} <= set(operation["post"]["responses"])

@@ -47,7 +47,7 @@ def config_text(pipeline_extra: str = "", *, fallback: bool = True) -> str:
     fallback_line = "    fallback_model: claude-haiku-4-5\n" if fallback else ""
     return f"""
 sources:
-  github: {{type: github, secret: s3cret, pipeline: triage}}
+  github: {{type: github, secret: llm-tests-github-secret, pipeline: triage}}
 pipelines:
   triage:
     model: claude-sonnet-4-6

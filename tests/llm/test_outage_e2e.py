@@ -21,7 +21,7 @@ from app.store.models import LlmCallRow
 from app.testing.fake_anthropic import FakeAnthropicServer
 from tests.support import ServerThread, SnsFixture, gateway_config, github_request, issue_payload
 
-SECRET = "outage-secret"
+SECRET = "outage-github-secret"
 OUTAGE_SECONDS = 4.0
 COOLDOWN = 1.0
 

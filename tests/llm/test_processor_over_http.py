@@ -91,7 +91,7 @@ async def test_poison_event_is_dead_lettered_after_max_deliveries(harness: Harne
 
 GROUP_ID_CONFIG = """
 sources:
-  github: {type: github, secret: s3cret, pipeline: triage}
+  github: {type: github, secret: llm-tests-github-secret, pipeline: triage}
 pipelines:
   triage:
     model: claude-sonnet-4-6

@@ -1,0 +1,346 @@
+"""What a process buffers before a request is verified is bounded.
+
+Against real gateway processes (``python -m app api``, uvicorn configured by the CLI), over raw
+sockets so the test controls what is sent and when:
+
+- N concurrent 5 MiB bodies with a well-formed but wrong signature: the process's peak RSS
+  grows by less than ``EVENTGATE_INGEST_BUFFER_BYTES`` plus a margin; requests past the budget
+  get 503 ``BodyBufferFull`` with ``Retry-After``; a valid webhook still works.
+- Sources whose credentials are tokens / basic auth, a missing signature header and a stale
+  signed timestamp are refused from the headers: the body is never read.
+- A 50 MiB request head is cut off with 431 without being held.
+- Connections past ``EVENTGATE_LIMIT_CONCURRENCY`` get a JSON 503; idle keep-alive connections
+  are closed after ``EVENTGATE_KEEP_ALIVE_SECONDS``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import select
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from app.config import parse_config
+from app.ingest.budget import BodyBudget
+from app.ingest.exceptions import BodyBufferFull
+from app.main import create_app
+from app.settings import Settings
+from tests.support import GatewayProcess, ServerThread, github_request, issue_payload
+
+MiB = 1024 * 1024
+BUDGET = 16 * MiB
+BODY = 5 * MiB
+SENDERS = 40
+CHUNK = 64 * 1024
+GITHUB_SECRET = "memory-github-secret"
+TOKEN = "memory-alerts-token-0123456789"
+HMAC_SECRET = "memory-hmac-secret-0123"
+CONFIG = f"""
+sources:
+  github: {{type: github, secret: {GITHUB_SECRET}, pipeline: p}}
+  alerts: {{type: alertmanager, token: {TOKEN}, pipeline: p, max_body_bytes: 52428800}}
+  partner:
+    type: hmac
+    secret: {HMAC_SECRET}
+    signature: {{timestamp_header: X-Ts}}
+    max_body_bytes: 52428800
+    pipeline: p
+pipelines:
+  p: {{model: claude-sonnet-4-6, system: s, tools: [t]}}
+tools:
+  t: {{description: d, input_schema: {{type: object}}}}
+"""
+
+
+@pytest.fixture
+def start(tmp_path: Path, redis_prefix: str) -> Iterator[Callable[..., GatewayProcess]]:
+    config = tmp_path / "eventgate.yaml"
+    config.write_text(CONFIG)
+    running: list[GatewayProcess] = []
+
+    def launch(**env: str) -> GatewayProcess:
+        process = GatewayProcess(
+            role="api",
+            log_path=tmp_path / f"gateway-{len(running)}.log",
+            env={
+                "EVENTGATE_CONFIG": str(config),
+                "EVENTGATE_REDIS_URL": "memory://",
+                "EVENTGATE_REDIS_PREFIX": redis_prefix,
+                "EVENTGATE_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 'eventgate.db'}",
+                **env,
+            },
+        )
+        running.append(process)
+        return process.wait_ready(path="/healthz")
+
+    yield launch
+    for process in running:
+        process.stop()
+
+
+def _status(pid: int) -> dict[str, int]:
+    fields: dict[str, int] = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        name, _, value = line.partition(":")
+        if name in ("VmHWM", "VmRSS"):
+            fields[name] = int(value.split()[0]) * 1024
+    return fields
+
+
+def _head(path: str, headers: dict[str, str]) -> bytes:
+    lines = [f"POST {path} HTTP/1.1", "Host: 127.0.0.1", *(f"{k}: {v}" for k, v in headers.items())]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+def _response(sock: socket.socket, timeout: float = 30) -> tuple[int, dict[str, str], Any]:
+    sock.settimeout(timeout)
+    data = b""
+    try:
+        while b"\r\n\r\n" not in data or not data.rstrip().endswith(b"}"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    except OSError:
+        pass
+    head, _, body = data.partition(b"\r\n\r\n")
+    if not head:
+        return 0, {}, None
+    status = int(head.split()[1])
+    headers = {}
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.decode().partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return status, headers, orjson.loads(body[body.find(b"{") :]) if b"{" in body else None
+
+
+class Sender(threading.Thread):
+    """Sends one request of ``size`` bytes; holds back its last byte until ``gate`` opens,
+    so that every sender's body is in the server at once."""
+
+    def __init__(self, port: int, head: bytes, size: int, gate: threading.Barrier) -> None:
+        super().__init__(daemon=True)
+        self.port, self.head, self.size, self.gate = port, head, size, gate
+        self.sent = 0
+        self.result: tuple[int, dict[str, str], Any] = (0, {}, None)
+
+    def run(self) -> None:
+        with socket.create_connection(("127.0.0.1", self.port)) as sock:
+            sock.sendall(self.head)
+            answered = self._send(sock, self.size - 1)
+            with contextlib.suppress(threading.BrokenBarrierError):
+                self.gate.wait(timeout=60)
+            if not answered:
+                self._send(sock, 1)
+            self.result = _response(sock)
+
+    def _send(self, sock: socket.socket, count: int) -> bool:
+        """True once the server answered (it stops reading what is left)."""
+        chunk = b"x" * CHUNK
+        deadline = time.monotonic() + 60
+        while count > 0 and time.monotonic() < deadline:
+            readable, writable, _ = select.select([sock], [sock], [], 1)
+            if readable:
+                return True
+            if writable:
+                try:
+                    written = sock.send(chunk[: min(count, CHUNK)])
+                except OSError:
+                    return True
+                self.sent += written
+                count -= written
+        return False
+
+
+def test_unverified_bodies_stay_within_the_budget(start: Callable[..., GatewayProcess]) -> None:
+    gateway = start(EVENTGATE_INGEST_BUFFER_BYTES=str(BUDGET))
+    body, headers = github_request(GITHUB_SECRET, issue_payload("acme/api", 1))
+    assert httpx.post(f"{gateway.url}/v1/webhooks/github", content=body, headers=headers).is_success
+    before = _status(gateway.proc.pid)["VmHWM"]
+
+    wrong = {
+        "Content-Type": "application/json",
+        "X-GitHub-Event": "issues",
+        "X-GitHub-Delivery": "d",
+        "X-Hub-Signature-256": "sha256=" + "0" * 64,  # well-formed, not the body's
+        "Content-Length": str(BODY),
+    }
+    gate = threading.Barrier(SENDERS)
+    senders = [Sender(gateway.port, _head("/v1/webhooks/github", wrong), BODY, gate)
+               for _ in range(SENDERS)]  # fmt: skip
+    for sender in senders:
+        sender.start()
+    for sender in senders:
+        sender.join(120)
+    grown = _status(gateway.proc.pid)["VmHWM"] - before
+
+    statuses = [s.result[0] for s in senders]
+    busy = [s.result for s in senders if s.result[0] == 503]
+    assert set(statuses) <= {401, 503}, statuses
+    assert busy, "nobody was turned away: the budget did not bind"
+    for _, headers_, error in busy:
+        assert error["error"] == "BodyBufferFull"
+        assert int(headers_["retry-after"]) >= 1
+    # Every body would have been 200 MiB in memory at once (181 MiB of peak RSS measured
+    # before the budget); the budget holds 16 MiB.
+    assert grown < BUDGET + 12 * MiB, f"peak RSS grew by {grown / MiB:.0f} MiB"
+
+    body, headers = github_request(GITHUB_SECRET, issue_payload("acme/api", 2))
+    reply = httpx.post(f"{gateway.url}/v1/webhooks/github", content=body, headers=headers)
+    assert reply.status_code == 202
+
+
+def _refused_before_the_body(port: int, path: str, headers: dict[str, str]) -> tuple[int, int]:
+    """(status, bytes of a 50 MiB body sent before the answer came)."""
+    sender = Sender(port, _head(path, headers | {"Content-Length": str(50 * MiB)}), 50 * MiB,
+                    threading.Barrier(1))  # fmt: skip
+    sender.run()
+    return sender.result[0], sender.sent
+
+
+def test_credentials_checked_from_the_headers_never_buffer_the_body(
+    start: Callable[..., GatewayProcess],
+) -> None:
+    gateway = start()
+    json_type = {"Content-Type": "application/json"}
+    cases = {
+        "wrong bearer token": ("/v1/webhooks/alerts", json_type | {"Authorization": "Bearer no"}),
+        "no credentials": ("/v1/webhooks/alerts", json_type),
+        "no signature": ("/v1/webhooks/github", json_type | {"X-GitHub-Event": "push"}),
+        "malformed signature": (
+            "/v1/webhooks/github",
+            json_type | {"X-GitHub-Event": "push", "X-Hub-Signature-256": "sha256=zz"},
+        ),
+        "stale timestamp": (
+            "/v1/webhooks/partner",
+            json_type | {"X-Ts": str(int(time.time()) - 3600), "X-Signature": "0" * 64},
+        ),
+    }
+    before = _status(gateway.proc.pid)["VmHWM"]
+    for name, (path, headers) in cases.items():
+        status, sent = _refused_before_the_body(gateway.port, path, headers)
+        assert status == 401, name
+        # Answered from the headers: what was sent is what socket buffers hold, not 50 MiB.
+        assert sent < 8 * MiB, (name, sent)
+    assert _status(gateway.proc.pid)["VmHWM"] - before < 8 * MiB
+
+
+def test_a_50_mib_request_head_is_refused_without_being_held(
+    start: Callable[..., GatewayProcess],
+) -> None:
+    gateway = start(EVENTGATE_MAX_HEADER_BYTES=str(64 * 1024))
+    before = _status(gateway.proc.pid)["VmHWM"]
+    sent = 0
+    with socket.create_connection(("127.0.0.1", gateway.port)) as sock:
+        sock.sendall(b"POST /v1/webhooks/github HTTP/1.1\r\nHost: x\r\nX-Big: ")
+        chunk = b"a" * CHUNK
+        while sent < 50 * MiB:
+            readable, writable, _ = select.select([sock], [sock], [], 5)
+            if readable:
+                break
+            if writable:
+                try:
+                    sent += sock.send(chunk)
+                except OSError:
+                    break
+        status, _, error = _response(sock)
+        # Then the connection is closed (reset, if unread bytes were left).
+        with contextlib.suppress(ConnectionResetError):
+            assert sock.recv(65536) == b""
+    assert status == 431
+    assert error["error"] == "RequestHeadersTooLarge"
+    assert sent < 8 * MiB, sent
+    refused = [e for e in gateway.log_events() if e["event"] == "request_refused"]
+    assert [(e["error"], e["status"]) for e in refused] == [("RequestHeadersTooLarge", 431)]
+    assert _status(gateway.proc.pid)["VmHWM"] - before < 8 * MiB
+    # The process is fine afterwards.
+    body, good = github_request(GITHUB_SECRET, issue_payload("acme/api", 3))
+    assert httpx.post(f"{gateway.url}/v1/webhooks/github", content=body, headers=good).is_success
+
+
+def test_connection_limit_and_keep_alive_timeout(start: Callable[..., GatewayProcess]) -> None:
+    gateway = start(EVENTGATE_LIMIT_CONCURRENCY="4", EVENTGATE_KEEP_ALIVE_SECONDS="1")
+    idle = [socket.create_connection(("127.0.0.1", gateway.port)) for _ in range(4)]
+    try:
+        time.sleep(0.2)
+        reply = httpx.get(f"{gateway.url}/healthz")
+        assert reply.status_code == 503
+        assert reply.json()["error"] == "TooManyConnections"
+        assert int(reply.headers["retry-after"]) >= 1
+        refused = [e for e in gateway.log_events() if e["event"] == "request_refused"]
+        assert [e["error"] for e in refused] == ["TooManyConnections"]
+    finally:
+        for sock in idle:
+            sock.close()
+    time.sleep(0.2)
+    with socket.create_connection(("127.0.0.1", gateway.port)) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        status, _, _ = _response(sock)
+        assert status == 200
+        sock.settimeout(5)
+        started = time.monotonic()
+        assert sock.recv(1) == b""  # the server closed the idle connection
+        assert time.monotonic() - started < 3
+
+
+def test_the_budget_binds_declared_and_chunked_bodies_and_is_given_back(
+    make_settings: Callable[..., Settings],
+) -> None:
+    settings = make_settings(ingest_buffer_bytes=512 * 1024, max_body_bytes=MiB)
+    app = create_app(settings, parse_config(CONFIG, env={}), role="api")
+    shaped = {"X-GitHub-Event": "push", "X-Hub-Signature-256": "sha256=" + "0" * 64}
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: chunked transfer encoding
+        for _ in range(20):
+            yield b"x" * (40 * 1024)
+
+    with ServerThread(app) as server:
+        url = f"{server.url}/v1/webhooks/github"
+        declared = httpx.post(url, content=b"x" * (600 * 1024), headers=shaped)
+        streamed = httpx.post(url, content=chunks(), headers=shaped)
+        for reply in (declared, streamed):
+            assert reply.status_code == 503
+            assert reply.json()["error"] == "BodyBufferFull"
+            assert reply.headers["Retry-After"] == "1"
+        # What the refused requests had reserved was given back: a body that fits passes.
+        for _ in range(3):
+            fits = httpx.post(url, content=b"x" * (400 * 1024), headers=shaped)
+            assert (fits.status_code, fits.json()["error"]) == (401, "InvalidSignature")
+        body, headers = github_request(GITHUB_SECRET, issue_payload("acme/api", 9))
+        assert httpx.post(url, content=body, headers=headers).status_code == 202
+
+
+def test_a_reservation_is_released_whatever_ends_the_request() -> None:
+    budget = BodyBudget(100)
+
+    def failing_request() -> None:
+        with budget.hold() as reservation:
+            reservation.reserve(60)
+            raise RuntimeError("the request failed")
+
+    with pytest.raises(RuntimeError):
+        failing_request()
+    assert budget.in_use == 0
+    with budget.hold() as first:
+        first.reserve(60)
+        with budget.hold() as second, pytest.raises(BodyBufferFull):
+            second.reserve(41)
+        assert budget.in_use == 60
+    assert budget.in_use == 0
+
+
+def test_the_documented_defaults() -> None:
+    defaults = Settings()
+    assert defaults.ingest_buffer_bytes == 64 * MiB
+    assert defaults.max_header_bytes == 64 * 1024
+    assert defaults.limit_concurrency == 1000
+    assert defaults.keep_alive_seconds == 5
+    assert defaults.allow_dev_secrets is False
