@@ -12,8 +12,7 @@ One event loop per process touches the budget, so plain integers need no lock.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from types import TracebackType
 
 from app.ingest.exceptions import BodyBufferFull
 
@@ -25,20 +24,29 @@ class BodyBudget:
         self.capacity = capacity
         self.in_use = 0
 
-    @contextmanager
-    def hold(self) -> Iterator[Reservation]:
-        """One request's reservation, released when the block exits (whatever happened)."""
-        reservation = Reservation(self)
-        try:
-            yield reservation
-        finally:
-            self.in_use -= reservation.size
-            reservation.size = 0
+    def hold(self) -> Reservation:
+        """One request's reservation, released when its ``with`` block exits (whatever
+        happened). A plain class, not a generator context manager: one per webhook."""
+        return Reservation(self)
 
 
 class Reservation:
+    __slots__ = ("budget", "size")
+
     def __init__(self, budget: BodyBudget) -> None:
         self.budget = budget
+        self.size = 0
+
+    def __enter__(self) -> Reservation:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.budget.in_use -= self.size
         self.size = 0
 
     def reserve(self, count: int) -> None:

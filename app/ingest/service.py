@@ -260,9 +260,9 @@ class IngestService:
 
 def _bounded(item: Described) -> Described:
     """The event as the database can store it (see ``app/ingest/bounds.py``)."""
-    return replace(
-        item,
-        type=checked_type(item.type),
-        delivery_id=bounded_key(item.delivery_id, MAX_DELIVERY_ID_CHARS),
-        group_key=bounded_key(item.group_key, MAX_GROUP_KEY_CHARS),
-    )
+    event_type = checked_type(item.type)
+    delivery_id = bounded_key(item.delivery_id, MAX_DELIVERY_ID_CHARS)
+    group_key = bounded_key(item.group_key, MAX_GROUP_KEY_CHARS)
+    if delivery_id is item.delivery_id and group_key is item.group_key:
+        return item  # the common case: nothing to change, no copy
+    return replace(item, type=event_type, delivery_id=delivery_id, group_key=group_key)

@@ -93,13 +93,14 @@ class GitHubSource:
 
 
 def _github_payload(headers: Headers, body: Body) -> Any:
-    if media_type(headers) == "application/x-www-form-urlencoded":
+    media = media_type(headers)
+    if media == "application/x-www-form-urlencoded":
         # GitHub's "form" content type: the JSON document is in the `payload` field.
         form = parse_qs(body.decode("utf-8", "replace"))
         if "payload" not in form:
             raise InvalidPayload("form body has no 'payload' field")
         return parse_json(form["payload"][0].encode())
-    return parse_json(body, media_type(headers))
+    return parse_json(body, media)
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 import structlog
 
-from app.redaction import redact_payload, redact_text, secret_kind
+from app.redaction import may_hold_secret, redact_payload, redact_text, secret_kind
 
 # Header names whose values must never reach a log line.
 SECRET_HEADERS = frozenset(
@@ -42,15 +42,22 @@ def redact_secrets(
 ) -> MutableMapping[str, Any]:
     """Replace secret values: by key (``SECRET_KEYS`` and any key naming a secret), inside a
     logged ``headers`` mapping, and credential-looking text in any string value, nested ones
-    and the rendered exception included. A string costs one scan (``may_hold_secret``) unless
-    it may hold a secret."""
+    and the rendered exception included. The line's strings cost one scan together
+    (``may_hold_secret``) unless one of them may hold a secret: a line is logged per webhook."""
+    texts: list[str] = []
     for key, value in event_dict.items():
-        if key.lower() in SECRET_KEYS or secret_kind(key) is not None:
+        if _names_secret(key):
             event_dict[key] = REDACTED
         elif isinstance(value, str):
-            event_dict[key] = redact_text(value)
+            texts.append(value)
         elif isinstance(value, Mapping | list | tuple):
             event_dict[key] = _redact_nested(value)
+    # The scan finds in the joined text whatever it finds in one of the strings (a newline
+    # only adds a boundary), so one scan tells whether any of them needs the rules.
+    if texts and may_hold_secret("\n".join(texts)):
+        for key, value in event_dict.items():
+            if isinstance(value, str) and value != REDACTED:
+                event_dict[key] = redact_text(value)
     headers = event_dict.get("headers")
     if isinstance(headers, Mapping):
         event_dict["headers"] = {
@@ -58,6 +65,19 @@ def redact_secrets(
             for name, value in headers.items()
         }
     return event_dict
+
+
+def _names_secret(key: str) -> bool:
+    """Whether a log key names a secret; decided once per key (log keys are few and fixed)."""
+    decided = _SECRET_LOG_KEYS.get(key)
+    if decided is None:
+        decided = key.lower() in SECRET_KEYS or secret_kind(key) is not None
+        if len(_SECRET_LOG_KEYS) < 4096:  # call sites name their keys: a bounded set
+            _SECRET_LOG_KEYS[key] = decided
+    return decided
+
+
+_SECRET_LOG_KEYS: dict[str, bool] = {}
 
 
 def _redact_nested(value: Any) -> Any:
