@@ -14,7 +14,7 @@ from pathlib import Path
 
 import orjson
 
-from app.ingest.schemas import Event
+from app.events import Event
 from app.llm.prompts import DEFAULT_BUDGET_CHARS, render_event
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -30,7 +30,7 @@ from typing import Any
 
 import orjson
 
-from app.ingest.schemas import Event
+from app.events import Event
 from app.redaction import may_hold_secret, payload_to_json, redact_payload, redact_to_json
 from app.redaction.text import SCAN_PATTERN
 from bench.common import report, table

@@ -41,6 +41,7 @@ def get_admin_service(state: StateDep) -> AdminService:
     return AdminService(
         sessions=state.sessions,
         queue=state.queue,
+        sources=state.config.sources,
         marker_ttl_ms=state.settings.dedup_window_seconds * 1000,
     )
 

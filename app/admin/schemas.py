@@ -13,9 +13,7 @@ from pydantic import BaseModel
 
 T = TypeVar("T")
 
-EventStatusName = Literal[
-    "queued", "processing", "published", "no_action", "filtered", "dead_lettered"
-]
+EventStatusName = Literal["queued", "processing", "published", "no_action", "dead_lettered"]
 
 
 class Page(BaseModel, Generic[T]):

@@ -7,6 +7,8 @@ reset (on PostgreSQL it waits for the lock) and a failed XADD leaves the dead le
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import structlog
 from redis.exceptions import RedisError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -30,10 +32,11 @@ from app.admin.schemas import (
     TimelineEntry,
 )
 from app.errors import QueueUnavailable
-from app.ingest.schemas import Event
+from app.events import EventStatus, make_event
 from app.queue.requeue import requeue_event
 from app.queue.streams import EventQueue
-from app.store.models import EventStatus, utcnow
+from app.source_config import SourceConfig
+from app.store.models import utcnow
 from app.store.repository import (
     DeadLetterRepository,
     EventRepository,
@@ -50,10 +53,12 @@ class AdminService:
         *,
         sessions: async_sessionmaker[AsyncSession],
         queue: EventQueue,
+        sources: Mapping[str, SourceConfig],
         marker_ttl_ms: int,
     ) -> None:
         self.sessions = sessions
         self.queue = queue
+        self.sources = sources
         self.marker_ttl_ms = marker_ttl_ms
 
     async def event(self, event_id: str) -> EventDetail:
@@ -157,9 +162,10 @@ class AdminService:
             row.error = None
             row.updated_at = dead.replayed_at = utcnow()
             await session.flush()
-            event = Event(
+            event = make_event(
                 id=row.id,
                 source=row.source,
+                config=self.sources.get(row.source),
                 type=row.type,
                 group_key=row.group_key,
                 delivery_id=row.delivery_id,

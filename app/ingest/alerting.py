@@ -15,10 +15,11 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from app.ingest.adapter import Described, Headers, media_type, parse_json, resolve_key
+from app.ingest.adapter import Described, Headers, media_type, parse_json
 from app.ingest.admission import Admitted, Body, StreamedMac, verify_whole
 from app.ingest.auth import HmacDefaults, build_authenticator
 from app.ingest.exceptions import InvalidPayload
+from app.payloads import resolve_key
 from app.source_config import SourceConfig
 
 GRAFANA_HMAC = HmacDefaults(

@@ -22,18 +22,11 @@ from dataclasses import replace
 from typing import Any
 from urllib.parse import unquote
 
-from app.ingest.adapter import (
-    Batch,
-    Described,
-    Headers,
-    media_type,
-    parse_json,
-    resolve_key,
-    signed_digest,
-)
+from app.ingest.adapter import Batch, Described, Headers, media_type, parse_json, signed_digest
 from app.ingest.admission import Admitted, Body, StreamedMac, verify_whole
 from app.ingest.auth import HmacDefaults, build_authenticator
 from app.ingest.exceptions import InvalidPayload
+from app.payloads import resolve_key
 from app.source_config import SourceConfig
 
 STRUCTURED = "application/cloudevents+json"

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any
 
-from app.ingest.adapter import dotted
+from app.payloads import dotted
 from app.source_config import Condition, FilterRules
 
 _MISSING = object()

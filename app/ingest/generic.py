@@ -17,20 +17,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.ingest.adapter import (
-    Batch,
-    Described,
-    Headers,
-    content_hash,
-    media_type,
-    parse_json,
-    resolve_key,
-    signed_digest,
-)
+from app.ingest.adapter import Batch, Described, Headers, media_type, parse_json, signed_digest
 from app.ingest.admission import Admitted, Body, StreamedMac, verify_whole
 from app.ingest.auth import DEFAULT_TOLERANCE, HmacDefaults, build_authenticator
 from app.ingest.exceptions import InvalidPayload
 from app.ingest.signatures import standard_webhooks_admission, standard_webhooks_key
+from app.payloads import content_hash, resolve_key
 from app.source_config import SourceConfig
 
 GENERIC_HMAC = HmacDefaults(header="X-Signature")

@@ -25,14 +25,14 @@ from redis.exceptions import RedisError
 
 from app.config import GatewayConfig, SourceConfig
 from app.errors import AppError, QueueUnavailable
-from app.ingest.adapter import Batch, Described, Headers, SourceAdapter, resolve_key
+from app.events import Event, make_event
+from app.ingest.adapter import Batch, Described, Headers, SourceAdapter
 from app.ingest.admission import Body, BodyCheck
 from app.ingest.bounds import MAX_DELIVERY_ID_CHARS, MAX_GROUP_KEY_CHARS, bounded_key, checked_type
 from app.ingest.collapse import AlertCollapser
 from app.ingest.exceptions import ClientDisconnected, InvalidPayload, UnknownSource
 from app.ingest.filters import evaluate
 from app.ingest.rejections import UNKNOWN_SOURCE, RejectionLog, count_rejection
-from app.ingest.schemas import Event
 from app.ingest.sources import AdapterDeps, build_adapter
 from app.observability.metrics import (
     ALERTS_COLLAPSED,
@@ -40,6 +40,7 @@ from app.observability.metrics import (
     EVENTS_FILTERED,
     WEBHOOKS_RECEIVED,
 )
+from app.payloads import resolve_key
 from app.queue.batching import EventEnqueuer
 from app.redaction import NestingTooDeep, payload_to_json, redact_to_json
 
@@ -213,17 +214,16 @@ class IngestService:
                 payload, payload_json = item.payload, payload_to_json(item.payload)
         except NestingTooDeep as exc:
             raise InvalidPayload(str(exc)) from None
-        event = Event(
+        event = make_event(
             id=f"evt_{os.urandom(16).hex()}",
             source=source.name,
+            config=source.config,
             type=item.type,
             group_key=item.group_key,
             delivery_id=item.delivery_id,
             pipeline=source.config.pipeline,
             received_at=datetime.now(UTC),
             payload=payload,
-            source_type=source.config.type,
-            prompt_budget_chars=source.config.prompt_budget_chars,
         )
         return event, event.to_bytes(payload_json=payload_json)
 

@@ -33,7 +33,7 @@ from cryptography.exceptions import InvalidSignature as CryptoInvalidSignature
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
-from app.ingest.adapter import Described, Headers, parse_json, resolve_key
+from app.ingest.adapter import Described, Headers, parse_json
 from app.ingest.admission import Body, DeferredCheck
 from app.ingest.exceptions import (
     CertificateUnavailable,
@@ -41,6 +41,7 @@ from app.ingest.exceptions import (
     InvalidSignature,
     StaleTimestamp,
 )
+from app.payloads import resolve_key
 from app.source_config import SourceConfig
 
 log = structlog.get_logger(__name__)

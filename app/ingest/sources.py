@@ -19,8 +19,6 @@ from app.ingest.adapter import (
     Described,
     Headers,
     SourceAdapter,
-    content_hash,
-    first_key,
     media_type,
     parse_json,
     signed_digest,
@@ -32,6 +30,7 @@ from app.ingest.exceptions import InvalidPayload
 from app.ingest.generic import GenericSource
 from app.ingest.signatures import github_admission
 from app.ingest.sns import AwsSnsSource, SnsHttp
+from app.payloads import content_hash, first_key
 from app.source_config import SourceConfig
 
 # Built-in group-key rules for kinds that are not about one repository.

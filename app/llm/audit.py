@@ -15,7 +15,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.ingest.schemas import Event
+from app.events import Event
 from app.llm.breaker import BreakerState
 from app.llm.client import ClaudeError, ClaudeReply, ClaudeRequest
 from app.llm.pricing import PriceTable, Usage

@@ -31,8 +31,8 @@ from dataclasses import dataclass, replace
 import structlog
 
 from app.config import GatewayConfig, PipelineConfig
+from app.events import Event
 from app.faults import Fence
-from app.ingest.schemas import Event
 from app.llm.audit import Attempt, AuditRecorder, AuditTrail, usage_of
 from app.llm.breaker import BreakerState, CircuitBreaker, Permit
 from app.llm.budget import BudgetLedger

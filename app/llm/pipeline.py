@@ -24,8 +24,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from app.config import GatewayConfig
+from app.events import FINAL_STATUSES, Event, EventStatus
 from app.faults import Fence, LeaseLost
-from app.ingest.schemas import Event
 from app.llm.audit import AuditTrail
 from app.llm.caller import CallAbandoned, CallResult, GuardedCaller, run_together
 from app.llm.client import ClaudeRequest
@@ -34,7 +34,7 @@ from app.llm.tools import ToolCheck, check_tool_uses, repair_request
 from app.observability.metrics import DEDUP_HITS, EVENTS_FINISHED, GROUP_ID_DISAGREEMENTS
 from app.publish.ids import deduplication_id, resolve_group_id
 from app.store.dead_letters import DeadLetters
-from app.store.models import EventStatus, LlmCallStatus, OutboxRow
+from app.store.models import LlmCallStatus, OutboxRow
 from app.store.repository import (
     EVENT_FIELDS,
     EventRepository,
@@ -44,9 +44,6 @@ from app.store.repository import (
 )
 
 log = structlog.get_logger(__name__)
-TERMINAL = frozenset(
-    {EventStatus.PUBLISHED, EventStatus.NO_ACTION, EventStatus.FILTERED, EventStatus.DEAD_LETTERED}
-)
 NO_PUBLISH_STOPS = frozenset({"max_tokens", "refusal"})
 
 
@@ -97,7 +94,7 @@ class EventProcessor:
                     event.id, generation=event.generation
                 )
                 attempts = await LlmCallRepository(session).count_for_event(event.id)
-        if status in TERMINAL or stored:
+        if status in FINAL_STATUSES or stored:
             DEDUP_HITS.labels(layer="processed").inc()
             log_.info("event_already_processed", status=status, stored_calls=len(stored))
             return

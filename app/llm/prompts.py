@@ -9,7 +9,7 @@ import re
 from typing import Any
 
 from app.config import GatewayConfig
-from app.ingest.schemas import Event
+from app.events import Event
 from app.llm.summaries import one_line, summarize
 from app.llm.trim import fit
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from app.ingest.adapter import dotted
+from app.payloads import dotted
 
 Lines = list[tuple[str, Any]]
 _SPACE = re.compile(r"\s+")

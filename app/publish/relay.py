@@ -26,10 +26,11 @@ import orjson
 import structlog
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from app.events import EventStatus
 from app.observability.metrics import DEAD_LETTERS, END_TO_END, EVENTS_FINISHED, PUBLISHED
 from app.publish.coordination import PublishedMemory, RelayLease
 from app.publish.sns import OutgoingMessage, Published, Publisher, PublishError
-from app.store.models import EventStatus, OutboxRow
+from app.store.models import OutboxRow
 from app.store.repository import DeadLetterRepository, EventRepository, OutboxRepository
 
 log = structlog.get_logger(__name__)

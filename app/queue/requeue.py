@@ -7,7 +7,7 @@ marker share the partition's hash tag, so one MULTI/EXEC writes both (Cluster-sa
 
 from __future__ import annotations
 
-from app.ingest.schemas import Event
+from app.events import Event
 from app.queue.streams import EventQueue
 
 

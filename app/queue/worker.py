@@ -29,8 +29,8 @@ import structlog
 from pydantic import ValidationError
 from redis.exceptions import RedisError
 
+from app.events import Event
 from app.faults import LeaseLost, dependency_unavailable
-from app.ingest.schemas import Event
 from app.observability.metrics import DEAD_LETTERS
 from app.queue.dispatcher import KeyOrderedDispatcher
 from app.queue.leases import LeaseGuard, PartitionLeases

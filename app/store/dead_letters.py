@@ -18,9 +18,10 @@ from sqlalchemy import insert
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from app.events import EventStatus
 from app.faults import LeaseLost, dependency_unavailable
 from app.observability.metrics import DEAD_LETTERS, EVENTS_FINISHED
-from app.store.models import DeadLetterRow, EventRow, EventStatus, utcnow
+from app.store.models import DeadLetterRow, EventRow, utcnow
 from app.store.repository import EVENTS, EventRepository
 
 log = structlog.get_logger(__name__)

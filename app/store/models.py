@@ -32,15 +32,6 @@ class Base(DeclarativeBase):
     type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}
 
 
-class EventStatus:
-    QUEUED = "queued"
-    PROCESSING = "processing"
-    PUBLISHED = "published"
-    NO_ACTION = "no_action"
-    FILTERED = "filtered"
-    DEAD_LETTERED = "dead_lettered"
-
-
 class EventRow(Base):
     __tablename__ = "events"
 

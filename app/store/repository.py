@@ -12,11 +12,11 @@ from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
+from app.events import EventStatus
 from app.store.models import (
     Base,
     DeadLetterRow,
     EventRow,
-    EventStatus,
     LlmCallRow,
     OutboxRow,
     OutboxStatus,

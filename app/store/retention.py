@@ -1,6 +1,6 @@
 """Retention: delete audit rows and finished events older than a configured age.
 
-An event is deleted only in a final state (published, no_action, filtered, dead_lettered)
+An event is deleted only in a final state (published, no_action, dead_lettered)
 and only when its last change is older than the cutoff; its tool calls and dead letters go
 with it. Audit rows (``llm_calls``) go by their own age. Deletes run in small batches, each
 its own transaction, so the job never holds long locks; several gateways running it at once
@@ -17,16 +17,11 @@ import structlog
 from sqlalchemy import delete, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from app.events import FINAL_STATUSES
 from app.observability.metrics import RETENTION_DELETED
-from app.store.models import DeadLetterRow, EventRow, EventStatus, LlmCallRow, OutboxRow, utcnow
+from app.store.models import DeadLetterRow, EventRow, LlmCallRow, OutboxRow, utcnow
 
 log = structlog.get_logger(__name__)
-FINISHED = (
-    EventStatus.PUBLISHED,
-    EventStatus.NO_ACTION,
-    EventStatus.FILTERED,
-    EventStatus.DEAD_LETTERED,
-)
 
 
 class RetentionRepository:
@@ -46,7 +41,7 @@ class RetentionRepository:
     async def finished_event_ids(self, *, before: datetime, limit: int) -> Sequence[str]:
         result = await self.session.scalars(
             select(EventRow.id)
-            .where(EventRow.status.in_(FINISHED), EventRow.updated_at < before)
+            .where(EventRow.status.in_(FINAL_STATUSES), EventRow.updated_at < before)
             .limit(limit)
         )
         return result.all()

@@ -24,7 +24,7 @@ STATUSES = [
     "processing",
     "published",
     "no_action",
-    "filtered",
+    "queued",
     "published",
     "published",
 ]

@@ -125,3 +125,8 @@ def test_llm_dead_letter_replayed_after_claude_recovers(
         assert [c["attempt"] for c in done["llm_calls"]] == [1, 2]
         calls = client.get("/v1/llm-calls", params={"event_id": event_id}).json()
         assert calls["total"] == 2
+        # The replayed event is rendered as the original was: as a GitHub event with its
+        # summary, not as a generic webhook (the replay used to drop the source's type).
+        first, again = (str(r["messages"][-1]["content"]) for r in fake_claude.behaviour.requests)
+        assert "source: github (github)" in first
+        assert again == first

@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from redis import Redis
 
 from app.config import parse_config
-from app.ingest.schemas import Event
+from app.events import Event
 from app.main import create_app
 from app.queue.connection import connect_redis
 from app.queue.streams import EventQueue

@@ -12,7 +12,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.ingest.schemas import Event
+from app.events import Event
 from app.llm.prompts import render_event
 
 ATTACKS = [

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from app.config import load_config
-from app.ingest.schemas import Event
+from app.events import Event
 from app.main import create_app
 from app.queue.connection import connect_redis
 from app.queue.leases import LeaseGuard, PartitionLeases

@@ -22,13 +22,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from app.config import parse_config
+from app.events import Event
 from app.ingest.bounds import (
     MAX_DELIVERY_ID_CHARS,
     MAX_GROUP_KEY_CHARS,
     MAX_TYPE_CHARS,
     bounded_key,
 )
-from app.ingest.schemas import Event
 from app.main import create_app
 from app.settings import Settings
 from app.store.db import create_engine

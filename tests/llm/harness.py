@@ -18,7 +18,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from app.config import GatewayConfig, parse_config
-from app.ingest.schemas import Event
+from app.events import Event
 from app.llm.audit import AuditRecorder, AuditTrail
 from app.llm.breaker import CircuitBreaker
 from app.llm.budget import BudgetLedger

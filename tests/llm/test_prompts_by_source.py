@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from app.ingest.schemas import Event
+from app.events import Event
 from app.llm.prompts import render_event
 from tests.sources_support import payload
 

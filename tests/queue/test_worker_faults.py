@@ -14,7 +14,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from sqlalchemy.exc import OperationalError
 
-from app.ingest.schemas import Event
+from app.events import Event
 from app.queue.connection import connect_redis
 from app.queue.dispatcher import KeyOrderedDispatcher
 from app.queue.leases import LeaseGuard, PartitionLeases

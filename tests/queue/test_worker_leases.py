@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from app.ingest.schemas import Event
+from app.events import Event
 from app.queue.connection import connect_redis
 from app.queue.leases import LeaseGuard, PartitionLeases
 from app.queue.streams import EventQueue

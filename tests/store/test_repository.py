@@ -11,9 +11,10 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from app.events import EventStatus
 from app.store.db import create_engine, session_factory
 from app.store.migrate import upgrade_head
-from app.store.models import EventRow, EventStatus, OutboxRow, OutboxStatus
+from app.store.models import EventRow, OutboxRow, OutboxStatus
 from app.store.repository import EventRepository, OutboxRepository, start_delivery
 
 
