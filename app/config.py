@@ -24,9 +24,9 @@ from pydantic import (
     model_validator,
 )
 
-from app.source_config import SourceConfig, SourceType
+from app.source_config import SourceConfig
 
-__all__ = ["ConfigError", "GatewayConfig", "SourceConfig", "SourceType", "load_config"]
+__all__ = ["ConfigError", "GatewayConfig", "SourceConfig", "load_config"]
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _TOPIC_ARN = re.compile(r"^arn:aws[a-z-]*:sns:[a-z0-9-]+:\d{12}:[A-Za-z0-9_-]{1,251}\.fifo$")

@@ -1,8 +1,11 @@
 """The one base error and its JSON rendering.
 
     AppError(message, status_code)
-    ├── ingest.exceptions.*      (UnknownSource 404, InvalidSignature 401, PayloadTooLarge 413 ...)
-    ├── QueueUnavailable 503     (Redis down or queue full; carries Retry-After)
+    ├── sources.exceptions.*     (InvalidSignature 401, InvalidPayload 400 ...: a delivery's own)
+    ├── ingest.exceptions.*      (UnknownSource 404, PayloadTooLarge 413, RequestTimeout 408 ...)
+    ├── Unavailable 503          (nothing was accepted; retry after ``Retry-After`` seconds)
+    │   ├── QueueUnavailable     (Redis down or the backlog full)
+    │   ├── ingest BodyBufferFull, sources CertificateUnavailable
     ├── InternalError 500        (an exception nothing else handled: a bug, a dependency gone)
     ├── serving.*                (RequestHeadersTooLarge 431, TooManyConnections 503)
     └── admin.exceptions.*       (Unauthorized 401, NotFound 404 ...)
@@ -40,16 +43,22 @@ class AppError(Exception):
         return None
 
 
-class QueueUnavailable(AppError):
+class Unavailable(AppError):
+    """Nothing was accepted and the sender should come back: 503 with ``Retry-After``."""
+
     status_code = 503
 
-    def __init__(self, message: str, retry_after: int = 5) -> None:
+    def __init__(self, message: str, *, retry_after: int = 5) -> None:
         super().__init__(message)
-        self.retry_after = retry_after
+        self.retry_after = max(1, retry_after)
 
     @property
     def headers(self) -> dict[str, str] | None:
         return {"Retry-After": str(self.retry_after)}
+
+
+class QueueUnavailable(Unavailable):
+    """Redis cannot be reached, or the backlog is over its limit."""
 
 
 class InternalError(AppError):

@@ -26,7 +26,6 @@ from app.ingest.collapse import AlertCollapser
 from app.ingest.router import WebhookFastPath
 from app.ingest.router import router as ingest_router
 from app.ingest.service import IngestService
-from app.ingest.sources import AdapterDeps
 from app.llm.client import ClaudeClient
 from app.llm.wiring import bedrock_client, build_processor, wants_bedrock
 from app.observability.logging import configure_logging
@@ -41,6 +40,7 @@ from app.queue.leases import PartitionLeases
 from app.queue.streams import EventQueue
 from app.queue.worker import QueueWorker
 from app.settings import Settings
+from app.sources.base import AdapterDeps
 from app.state import AppState
 from app.store.db import create_engine, session_factory
 from app.store.migrate import upgrade_head

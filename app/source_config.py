@@ -16,7 +16,7 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-from typing import Literal, Self
+from typing import TYPE_CHECKING, Literal, Self
 
 from pydantic import (
     BaseModel,
@@ -28,20 +28,13 @@ from pydantic import (
     model_validator,
 )
 
-SourceType = Literal[
-    "github",
-    "alertmanager",
-    "grafana",
-    "standard-webhooks",
-    "cloudevents",
-    "hmac",
-    "token",
-    "aws-sns",
-]
-ALERT_TYPES = frozenset({"alertmanager", "grafana"})
+if TYPE_CHECKING:
+    from app.sources.base import SourceKind
+
 MIN_SECRET_LENGTH = 16
 
-_COMMON = frozenset(
+# Keys every source reads, whatever its type; each type module names the others it reads.
+COMMON_KEYS = frozenset(
     {
         "type",
         "pipeline",
@@ -54,27 +47,6 @@ _COMMON = frozenset(
         "prompt_budget_chars",
     }
 )
-_PAYLOAD_KEYS = frozenset({"event_type", "split", "delivery_id", "delivery_header"})
-_KEYS: dict[str, frozenset[str]] = {
-    "github": frozenset({"secret", "group_keys"}),
-    "alertmanager": frozenset({"token", "basic_auth"}),
-    "grafana": frozenset({"secret", "signature", "token", "basic_auth"}),
-    "standard-webhooks": frozenset({"secret", "event_type", "split", "delivery_id"}),
-    "cloudevents": frozenset({"secret", "signature", "token"}),
-    "hmac": frozenset({"secret", "signature"}) | _PAYLOAD_KEYS,
-    "token": frozenset({"token"}) | _PAYLOAD_KEYS,
-    "aws-sns": frozenset({"topic_arns", "confirm_subscriptions"}),
-}
-_NEEDS: dict[str, tuple[str, ...]] = {
-    "github": ("secret",),
-    "alertmanager": ("token", "basic_auth"),
-    "grafana": ("secret", "token", "basic_auth"),
-    "standard-webhooks": ("secret",),
-    "cloudevents": ("token", "secret"),
-    "hmac": ("secret",),
-    "token": ("token",),
-    "aws-sns": ("topic_arns",),
-}
 
 
 class _Strict(BaseModel):
@@ -167,7 +139,8 @@ class CollapseConfig(_Strict):
 
 
 class SourceConfig(_Strict):
-    type: SourceType
+    # One of the types in app/sources/registry.py.
+    type: str
     pipeline: str
     secret: SecretStr | None = None
     token: SecretStr | None = None
@@ -189,6 +162,14 @@ class SourceConfig(_Strict):
     filters: FilterRules | None = None
     collapse: CollapseConfig | None = None
     prompt_budget_chars: int | None = Field(default=None, ge=200)
+
+    @field_validator("type")
+    @classmethod
+    def _known_type(cls, value: str) -> str:
+        kinds = _kinds()
+        if value not in kinds:
+            raise ValueError(f"unknown source type {value!r}; one of {', '.join(kinds)}")
+        return value
 
     @field_validator("secret", "token")
     @classmethod
@@ -218,14 +199,13 @@ class SourceConfig(_Strict):
 
     @model_validator(mode="after")
     def _keys_for_type(self) -> Self:
-        allowed = _COMMON | _KEYS[self.type]
-        unused = sorted(k for k in self.model_fields_set if k not in allowed)
+        kind = _kinds()[self.type]
+        unused = sorted(k for k in self.model_fields_set if k not in COMMON_KEYS | kind.keys)
         if unused:
             raise ValueError(f"{', '.join(unused)}: not used by a '{self.type}' source")
-        needs = _NEEDS[self.type]
-        if not any(_present(getattr(self, key)) for key in needs):
-            raise ValueError(f"a '{self.type}' source needs {' or '.join(map(repr, needs))}")
-        if self.collapse and self.type not in ALERT_TYPES and not self.collapse.fingerprint:
+        if not any(_present(getattr(self, key)) for key in kind.needs):
+            raise ValueError(f"a '{self.type}' source needs {' or '.join(map(repr, kind.needs))}")
+        if self.collapse and not kind.alert_fingerprints and not self.collapse.fingerprint:
             raise ValueError(f"collapse.fingerprint: needed for a '{self.type}' source")
         return self
 
@@ -244,6 +224,13 @@ def _whsec_key(secret: str, which: str) -> bytes:
             f"{which} is a whsec_ secret that is not valid base64 (whsec_ + the base64 of a"
             f" key of at least {MIN_SECRET_LENGTH} bytes)"
         ) from None
+
+
+def _kinds() -> dict[str, SourceKind]:
+    # Imported here, not at the top: the type modules build on SourceConfig.
+    from app.sources.registry import KINDS
+
+    return KINDS
 
 
 def _present(value: object) -> bool:

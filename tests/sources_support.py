@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from cryptography.x509.oid import NameOID
 
-from app.ingest.sns import string_to_sign
+from app.sources.aws_sns import string_to_sign
 
 PAYLOADS = Path(__file__).parent / "fixtures" / "payloads"
 CERT_URL = "https://sns.eu-west-1.amazonaws.com/SimpleNotificationService-test.pem"

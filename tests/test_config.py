@@ -43,7 +43,7 @@ def test_missing_variable_names_the_key() -> None:
         (("pipeline: p}", "pipeline: nope}"), "sources.gh.pipeline: unknown pipeline 'nope'"),
         (("tools: [alert]", "tools: [alert, ghost]"), "pipelines.p.tools: unknown tool 'ghost'"),
         (("alerts.fifo", "alerts"), "tools.alert.topic_arn: 'arn:aws:sns:us-east-1:123456789012"),
-        (("type: github", "type: gitlab"), "sources.gh.type: Input should be"),
+        (("type: github", "type: gitlab"), "sources.gh.type: unknown source type 'gitlab'"),
         (
             ("{type: object, properties", "{type: array, properties"),
             "tools.alert.input_schema: input_schema must have type: object",

@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import re
 
-from app.ingest.exceptions import InvalidPayload
+from app.sources.exceptions import InvalidPayload
 
 MAX_TYPE_CHARS = 200
 MAX_DELIVERY_ID_CHARS = 200

@@ -27,10 +27,10 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.errors import AppError, InternalError, app_error_response, error_responses
-from app.ingest.admission import BodyCheck
 from app.ingest.budget import Reservation
 from app.ingest.exceptions import ClientDisconnected, PayloadTooLarge, RequestTimeout
 from app.ingest.schemas import BatchIngestResponse, IngestResponse
+from app.sources.admission import BodyCheck
 from app.state import AppState
 
 router = APIRouter(tags=["ingest"])

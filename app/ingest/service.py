@@ -26,14 +26,11 @@ from redis.exceptions import RedisError
 from app.config import GatewayConfig, SourceConfig
 from app.errors import AppError, QueueUnavailable
 from app.events import Event, make_event
-from app.ingest.adapter import Batch, Described, Headers, SourceAdapter
-from app.ingest.admission import Body, BodyCheck
 from app.ingest.bounds import MAX_DELIVERY_ID_CHARS, MAX_GROUP_KEY_CHARS, bounded_key, checked_type
 from app.ingest.collapse import AlertCollapser
-from app.ingest.exceptions import ClientDisconnected, InvalidPayload, UnknownSource
+from app.ingest.exceptions import ClientDisconnected, UnknownSource
 from app.ingest.filters import evaluate
 from app.ingest.rejections import UNKNOWN_SOURCE, RejectionLog, count_rejection
-from app.ingest.sources import AdapterDeps, build_adapter
 from app.observability.metrics import (
     ALERTS_COLLAPSED,
     DEDUP_HITS,
@@ -43,6 +40,10 @@ from app.observability.metrics import (
 from app.payloads import resolve_key
 from app.queue.batching import EventEnqueuer
 from app.redaction import NestingTooDeep, payload_to_json, redact_to_json
+from app.sources.admission import Body, BodyCheck
+from app.sources.base import AdapterDeps, Batch, Described, Headers, SourceAdapter
+from app.sources.exceptions import InvalidPayload
+from app.sources.registry import build_adapter
 
 log = structlog.get_logger(__name__)
 

@@ -25,9 +25,9 @@ from sqlalchemy.exc import DBAPIError
 
 from app.admin.pagination import encode
 from app.config import parse_config
-from app.ingest.sources import AdapterDeps
 from app.main import create_app
 from app.settings import Settings
+from app.sources.base import AdapterDeps
 from app.store.db import create_engine
 from tests.sources_support import CERT_URL, SnsSigner, payload
 from tests.support import ServerThread, free_port, github_request

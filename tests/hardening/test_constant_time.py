@@ -17,10 +17,10 @@ from collections.abc import Callable
 
 import pytest
 
-from app.ingest import auth, signatures
-from app.ingest.auth import HmacDefaults, build_authenticator
-from app.ingest.exceptions import InvalidSignature, StaleTimestamp
 from app.source_config import SourceConfig
+from app.sources import auth, signatures
+from app.sources.auth import HmacDefaults, build_authenticator
+from app.sources.exceptions import InvalidSignature, StaleTimestamp
 
 SECRET = "constant-time-s3cr3t"
 BODY = b'{"a": 1}'

@@ -16,16 +16,16 @@ import pytest
 from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
-from app.ingest.auth import HmacDefaults, build_authenticator
-from app.ingest.exceptions import InvalidSignature
-from app.ingest.signatures import (
+from app.source_config import SourceConfig
+from app.sources.auth import HmacDefaults, build_authenticator
+from app.sources.exceptions import InvalidSignature
+from app.sources.signatures import (
     check_timestamp,
     verify_basic,
     verify_bearer,
     verify_github,
     verify_standard_webhooks,
 )
-from app.source_config import SourceConfig
 
 header = st.text(st.characters(min_codepoint=0x20, max_codepoint=0xFF), max_size=80)
 maybe_header = st.none() | header

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from app.ingest.exceptions import InvalidSignature
-from app.ingest.sns import SNS_HOST, SnsCertificates, check_sns_url
+from app.sources.aws_sns import SNS_HOST, SnsCertificates, check_sns_url
+from app.sources.exceptions import InvalidSignature
 from tests.sources_support import FakeSnsHttp
 
 pieces = st.sampled_from(

@@ -11,10 +11,10 @@ from typing import Any
 import orjson
 import pytest
 
-from app.ingest.exceptions import InvalidPayload, InvalidSignature
-from app.ingest.sources import build_adapter
 from app.payloads import resolve_key
 from app.source_config import SourceConfig
+from app.sources.exceptions import InvalidPayload, InvalidSignature
+from app.sources.registry import build_adapter
 from tests.sources_support import payload
 from tests.support import github_request
 

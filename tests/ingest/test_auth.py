@@ -9,11 +9,11 @@ import time
 
 import pytest
 
-from app.ingest.alerting import GRAFANA_HMAC
-from app.ingest.auth import HmacDefaults, build_authenticator
-from app.ingest.exceptions import InvalidSignature, StaleTimestamp
-from app.ingest.signatures import standard_webhooks_key, verify_standard_webhooks
 from app.source_config import SourceConfig
+from app.sources.alerts import GRAFANA_HMAC
+from app.sources.auth import HmacDefaults, build_authenticator
+from app.sources.exceptions import InvalidSignature, StaleTimestamp
+from app.sources.signatures import standard_webhooks_key, verify_standard_webhooks
 
 BODY = b'{"device": {"id": "th-1"}, "temperature_c": 71.5}'
 

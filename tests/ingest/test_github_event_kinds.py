@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from app.config import parse_config
-from app.ingest.sources import GitHubSource
+from app.sources.github import GitHubSource
 
 # GitHub's webhook event names (docs: "Webhook events and payloads").
 REPOSITORY_KINDS = [

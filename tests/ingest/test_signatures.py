@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.ingest.exceptions import InvalidSignature, StaleTimestamp
-from app.ingest.signatures import (
+from app.sources.exceptions import InvalidSignature, StaleTimestamp
+from app.sources.signatures import (
     standard_webhooks_key,
     verify_bearer,
     verify_github,

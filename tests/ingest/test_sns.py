@@ -9,9 +9,9 @@ import httpx
 import orjson
 import pytest
 
-from app.ingest.exceptions import CertificateUnavailable, InvalidSignature, StaleTimestamp
-from app.ingest.sns import AwsSnsSource
 from app.source_config import SourceConfig
+from app.sources.aws_sns import AwsSnsSource
+from app.sources.exceptions import CertificateUnavailable, InvalidSignature, StaleTimestamp
 from tests.sources_support import CERT_URL, FakeSnsHttp, SnsSigner, http_status_error, payload
 
 TOPIC = "arn:aws:sns:eu-west-1:123456789012:ops-alarms"

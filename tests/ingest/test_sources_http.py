@@ -15,9 +15,9 @@ import pytest
 import redis
 
 from app.config import GatewayConfig, parse_config
-from app.ingest.sources import AdapterDeps
 from app.main import create_app
 from app.settings import Settings
+from app.sources.base import AdapterDeps
 from tests.sources_support import CERT_URL, FakeSnsHttp, SnsSigner, payload
 from tests.support import ServerThread, github_request
 

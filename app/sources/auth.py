@@ -16,17 +16,17 @@ import hmac
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from app.ingest.adapter import Headers
-from app.ingest.admission import ADMITTED, Admitted, Body, StreamedMac
-from app.ingest.exceptions import InvalidSignature, StaleTimestamp
-from app.ingest.signatures import (
+from app.source_config import HmacScheme, SourceConfig
+from app.sources.admission import ADMITTED, Admitted, Body, StreamedMac
+from app.sources.base import Headers
+from app.sources.exceptions import InvalidSignature, StaleTimestamp
+from app.sources.signatures import (
     base64_text,
     check_timestamp,
     hex_text,
     verify_basic,
     verify_bearer,
 )
-from app.source_config import HmacScheme, SourceConfig
 
 DEFAULT_TOLERANCE = 300
 _DIGESTS = {"sha256": hashlib.sha256, "sha512": hashlib.sha512}

@@ -1,4 +1,5 @@
-"""AWS SNS HTTP(S) subscriptions: CloudWatch alarms, S3 event notifications, any topic.
+"""AWS SNS HTTP(S) subscriptions (``type: aws-sns``): CloudWatch alarms, S3 event
+notifications, any topic.
 
 Verification follows AWS's rules: the signing certificate is fetched only over https from an
 ``sns.<region>.amazonaws.com`` host (and cached by URL), the signature is RSA PKCS#1 v1.5 over
@@ -23,7 +24,7 @@ import re
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any
 
 import httpx
 import orjson
@@ -33,16 +34,16 @@ from cryptography.exceptions import InvalidSignature as CryptoInvalidSignature
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
-from app.ingest.adapter import Described, Headers, parse_json
-from app.ingest.admission import Body, DeferredCheck
-from app.ingest.exceptions import (
+from app.payloads import dotted, resolve_key
+from app.source_config import SourceConfig
+from app.sources.admission import Body, DeferredCheck
+from app.sources.base import AdapterDeps, Described, Headers, Lines, SnsHttp, SourceKind, parse_json
+from app.sources.exceptions import (
     CertificateUnavailable,
     InvalidPayload,
     InvalidSignature,
     StaleTimestamp,
 )
-from app.payloads import resolve_key
-from app.source_config import SourceConfig
 
 log = structlog.get_logger(__name__)
 # sns.<region>.amazonaws.com(.cn): the region part is what makes it AWS's host; a bare
@@ -64,12 +65,6 @@ _SIGNED_FIELDS = {
 }
 _SIGNED_FIELDS["UnsubscribeConfirmation"] = _SIGNED_FIELDS["SubscriptionConfirmation"]
 _HASHES: dict[str, type[hashes.HashAlgorithm]] = {"1": hashes.SHA1, "2": hashes.SHA256}
-
-
-class SnsHttp(Protocol):
-    async def fetch_certificate(self, url: str) -> bytes: ...
-
-    async def confirm_subscription(self, url: str) -> None: ...
 
 
 class HttpxSnsHttp:
@@ -307,3 +302,36 @@ def _classify(message: Any) -> tuple[str, str | None, tuple[str, ...], tuple[str
     if isinstance(message, dict) and isinstance(message.get("detail-type"), str):
         return str(message["detail-type"]), None, (), ()
     return "sns.notification", None, (), ()
+
+
+def summary(event_type: str, p: dict[str, Any]) -> Lines:
+    message = p.get("Message")
+    lines: Lines = [("topic", p.get("TopicArn")), ("subject", p.get("Subject"))]
+    if isinstance(message, dict) and "AlarmName" in message:
+        state = f"{message.get('OldStateValue')} -> {message.get('NewStateValue')}"
+        lines += [("what", f"CloudWatch alarm {message['AlarmName']!r}: {state}")]
+        lines += [("severity", "alarm" if message.get("NewStateValue") == "ALARM" else None)]
+        lines += [("reason", message.get("NewStateReason")), ("region", message.get("Region"))]
+        metric = f"{dotted(message, 'Trigger.Namespace')}/{dotted(message, 'Trigger.MetricName')}"
+        lines += [("metric", metric)]
+    elif isinstance(message, dict) and isinstance(message.get("Records"), list):
+        for record in message["Records"][:SUMMARY_RECORDS]:
+            key = f"s3://{dotted(record, 's3.bucket.name')}/{dotted(record, 's3.object.key')}"
+            lines.append(("what", f"{record.get('eventName')} {key}"))
+    return lines
+
+
+SUMMARY_RECORDS = 10
+
+
+def _adapter(name: str, config: SourceConfig, deps: AdapterDeps) -> AwsSnsSource:
+    return AwsSnsSource(name, config, http=deps.sns_http)
+
+
+KIND = SourceKind(
+    name="aws-sns",
+    keys=frozenset({"topic_arns", "confirm_subscriptions"}),
+    needs=("topic_arns",),
+    adapter=_adapter,
+    summary=summary,
+)

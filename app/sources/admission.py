@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from app.ingest.exceptions import InvalidSignature
+from app.sources.exceptions import InvalidSignature
 
 # A request body as read: bytes, or the bytearray it was read into (no copy to bytes).
 Body = bytes | bytearray

@@ -1,4 +1,5 @@
-"""The source-adapter protocol and the payload helpers every adapter shares.
+"""What every source type module provides (``SourceKind``), the adapter protocol, and the
+body-reading helpers the adapters share.
 
 An adapter verifies one request over the raw body (before anything is parsed), then reads it
 into zero or more ``Described`` events: zero means "answer, but queue nothing" (GitHub's ping,
@@ -15,14 +16,15 @@ who saw one signed request can send it again under a new id. Such events also ca
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import orjson
 
-from app.ingest.admission import Body, BodyCheck
-from app.ingest.exceptions import InvalidPayload, UnsupportedMediaType
+from app.source_config import SourceConfig
+from app.sources.admission import Body, BodyCheck
+from app.sources.exceptions import InvalidPayload, UnsupportedMediaType
 
 Headers = Mapping[str, str]
 
@@ -81,3 +83,54 @@ def parse_json(body: Body, media: str = "application/json") -> Any:
         return orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise InvalidPayload(f"body is not valid JSON: {exc}") from None
+
+
+class SnsHttp(Protocol):
+    """The network edge of the AWS SNS source (certificates, subscription confirmations)."""
+
+    async def fetch_certificate(self, url: str) -> bytes: ...
+
+    async def confirm_subscription(self, url: str) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterDeps:
+    """Network edges some adapters need; tests pass fakes, so nothing leaves the machine."""
+
+    sns_http: SnsHttp | None = None
+
+
+# Summary lines: (label, value) pairs; the prompt flattens and caps each value.
+Lines = list[tuple[str, Any]]
+
+
+def no_summary(event_type: str, payload: dict[str, Any]) -> Lines:
+    return []
+
+
+def unchanged(payload: Any) -> Any:
+    return payload
+
+
+@dataclass(frozen=True, slots=True)
+class SourceKind:
+    """Everything eventgate knows about one ``type:`` of source, in that type's module:
+
+    - ``keys``: the config keys it reads beyond the ones every source has, and ``needs``:
+      at least one of these must be set (its credentials);
+    - ``adapter``: how its deliveries are verified and read into events;
+    - ``summary``: the lines a prompt starts with (who, what, where, severity, links);
+    - ``slim`` and ``noise``: what of its payloads a prompt leaves out (what the summary says
+      already, and keys no decision needs, dropped at any depth);
+    - ``alert_fingerprints``: its events carry alert fingerprints, so alert collapse needs
+      no ``fingerprint`` path.
+    """
+
+    name: str
+    keys: frozenset[str]
+    needs: tuple[str, ...]
+    adapter: Callable[[str, SourceConfig, AdapterDeps], SourceAdapter]
+    summary: Callable[[str, dict[str, Any]], Lines] = no_summary
+    slim: Callable[[Any], Any] = unchanged
+    noise: Callable[[str], bool] | None = None
+    alert_fingerprints: bool = False

@@ -1,4 +1,5 @@
-"""Generic JSON senders: Standard Webhooks, a configurable HMAC scheme, or a bearer token.
+"""Generic JSON senders (``type: standard-webhooks|hmac|token``): Standard Webhooks, a
+configurable HMAC scheme, or a bearer token.
 
 These carry in-house events and IoT telemetry: one JSON reading, or an array of readings.
 With ``split: true`` an array becomes one event per reading (a batch), each with its own
@@ -17,13 +18,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.ingest.adapter import Batch, Described, Headers, media_type, parse_json, signed_digest
-from app.ingest.admission import Admitted, Body, StreamedMac, verify_whole
-from app.ingest.auth import DEFAULT_TOLERANCE, HmacDefaults, build_authenticator
-from app.ingest.exceptions import InvalidPayload
-from app.ingest.signatures import standard_webhooks_admission, standard_webhooks_key
 from app.payloads import content_hash, resolve_key
 from app.source_config import SourceConfig
+from app.sources.admission import Admitted, Body, StreamedMac, verify_whole
+from app.sources.auth import DEFAULT_TOLERANCE, HmacDefaults, build_authenticator
+from app.sources.base import (
+    AdapterDeps,
+    Batch,
+    Described,
+    Headers,
+    SourceKind,
+    media_type,
+    parse_json,
+    signed_digest,
+)
+from app.sources.exceptions import InvalidPayload
+from app.sources.signatures import standard_webhooks_admission, standard_webhooks_key
 
 GENERIC_HMAC = HmacDefaults(header="X-Signature")
 
@@ -96,3 +106,26 @@ class GenericSource:
             batch_index=index,
             replay_id=replay_id,
         )
+
+
+def _adapter(name: str, config: SourceConfig, _: AdapterDeps) -> GenericSource:
+    return GenericSource(name, config)
+
+
+# How the payload is read into events: a type path, a split, and the delivery identity.
+PAYLOAD_KEYS = frozenset({"event_type", "split", "delivery_id", "delivery_header"})
+STANDARD_WEBHOOKS = SourceKind(
+    name="standard-webhooks",
+    keys=frozenset({"secret", "event_type", "split", "delivery_id"}),
+    needs=("secret",),
+    adapter=_adapter,
+)
+HMAC = SourceKind(
+    name="hmac",
+    keys=frozenset({"secret", "signature"}) | PAYLOAD_KEYS,
+    needs=("secret",),
+    adapter=_adapter,
+)
+TOKEN = SourceKind(
+    name="token", keys=frozenset({"token"}) | PAYLOAD_KEYS, needs=("token",), adapter=_adapter
+)

@@ -1,4 +1,4 @@
-"""CloudEvents 1.0 over HTTP: structured, binary and batch content modes.
+"""CloudEvents 1.0 over HTTP (``type: cloudevents``): structured, binary and batch content modes.
 
 - structured: ``Content-Type: application/cloudevents+json``, the body is the event;
 - batch: ``application/cloudevents-batch+json``, the body is an array of events;
@@ -22,12 +22,22 @@ from dataclasses import replace
 from typing import Any
 from urllib.parse import unquote
 
-from app.ingest.adapter import Batch, Described, Headers, media_type, parse_json, signed_digest
-from app.ingest.admission import Admitted, Body, StreamedMac, verify_whole
-from app.ingest.auth import HmacDefaults, build_authenticator
-from app.ingest.exceptions import InvalidPayload
-from app.payloads import resolve_key
+from app.payloads import dotted, resolve_key
 from app.source_config import SourceConfig
+from app.sources.admission import Admitted, Body, StreamedMac, verify_whole
+from app.sources.auth import HmacDefaults, build_authenticator
+from app.sources.base import (
+    AdapterDeps,
+    Batch,
+    Described,
+    Headers,
+    Lines,
+    SourceKind,
+    media_type,
+    parse_json,
+    signed_digest,
+)
+from app.sources.exceptions import InvalidPayload
 
 STRUCTURED = "application/cloudevents+json"
 BATCH = "application/cloudevents-batch+json"
@@ -108,3 +118,21 @@ def _from_binary(headers: Headers, body: Body, media: str) -> dict[str, Any]:
     else:
         event["data_base64"] = base64.b64encode(body).decode()
     return event
+
+
+def summary(event_type: str, p: dict[str, Any]) -> Lines:
+    fields = [("what", "type"), ("where", "source"), ("subject", "subject"), ("time", "time")]
+    return [(label, dotted(p, path)) for label, path in fields]
+
+
+def _adapter(name: str, config: SourceConfig, _: AdapterDeps) -> CloudEventsSource:
+    return CloudEventsSource(name, config)
+
+
+KIND = SourceKind(
+    name="cloudevents",
+    keys=frozenset({"secret", "signature", "token"}),
+    needs=("token", "secret"),
+    adapter=_adapter,
+    summary=summary,
+)

@@ -15,8 +15,8 @@ import math
 import re
 import time
 
-from app.ingest.admission import Body, StreamedMac
-from app.ingest.exceptions import InvalidSignature, StaleTimestamp
+from app.sources.admission import Body, StreamedMac
+from app.sources.exceptions import InvalidSignature, StaleTimestamp
 
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
