@@ -20,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.admin.router import router as admin_router
 from app.config import GatewayConfig, load_config
+from app.decide.wiring import bedrock_client, build_processor, wants_bedrock
 from app.errors import install_error_handlers
 from app.ingest.budget import BodyBudget
 from app.ingest.collapse import AlertCollapser
@@ -27,7 +28,6 @@ from app.ingest.router import WebhookFastPath
 from app.ingest.router import router as ingest_router
 from app.ingest.service import IngestService
 from app.llm.client import ClaudeClient
-from app.llm.wiring import bedrock_client, build_processor, wants_bedrock
 from app.observability.logging import configure_logging
 from app.observability.router import router as health_router
 from app.publish.coordination import PublishedMemory, RelayLease
@@ -182,10 +182,19 @@ def _build_worker(state: AppState) -> None:
             batch_concurrency=settings.relay_batch_concurrency,
         )
     relay = state.relay
-    processor = build_processor(state, on_stored=relay.wake if relay is not None else lambda: None)
-    if processor is None:
+    clients = {c.provider: c for c in (state.claude, state.bedrock) if c is not None}
+    if not clients:
         log.warning("llm_not_configured", detail="set ANTHROPIC_API_KEY; events stay queued")
         return
+    processor = build_processor(
+        settings=settings,
+        config=state.config,
+        redis=state.redis,
+        engine=state.engine,
+        clients=clients,
+        health=state.llm_health,
+        on_stored=relay.wake if relay is not None else lambda: None,
+    )
     state.worker = QueueWorker(
         queue=state.queue,
         leases=PartitionLeases(

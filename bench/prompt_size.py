@@ -14,8 +14,8 @@ from pathlib import Path
 
 import orjson
 
+from app.decide.prompts import DEFAULT_BUDGET_CHARS, render_event
 from app.events import Event
-from app.llm.prompts import DEFAULT_BUDGET_CHARS, render_event
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "payloads"

@@ -31,13 +31,13 @@ from dataclasses import dataclass, replace
 import structlog
 
 from app.config import GatewayConfig, PipelineConfig
-from app.events import Event
 from app.faults import Fence
-from app.llm.audit import Attempt, AuditRecorder, AuditTrail, usage_of
+from app.llm.attempts import Attempt, AttemptLog, usage_of
 from app.llm.breaker import BreakerState, CircuitBreaker, Permit
 from app.llm.budget import BudgetLedger
 from app.llm.client import ClaudeClient, ClaudeError, ClaudeReply, ClaudeRequest
 from app.llm.health import LlmHealth
+from app.llm.pricing import PriceTable
 from app.llm.ratelimit import RateLimiter, Reservation, estimate_input_tokens
 from app.observability.metrics import LLM_COST, LLM_DURATION, LLM_REQUESTS, LLM_TOKENS
 
@@ -103,8 +103,7 @@ class GuardedCaller:
         breaker: CircuitBreaker,
         budgets: BudgetLedger,
         health: LlmHealth,
-        audit: AuditRecorder,
-        trail: AuditTrail,
+        prices: PriceTable,
         slots: asyncio.Semaphore,
         retry: RetryPolicy,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
@@ -115,8 +114,7 @@ class GuardedCaller:
         self.breaker = breaker
         self.budgets = budgets
         self.health = health
-        self.audit = audit
-        self.trail = trail
+        self.prices = prices
         self.slots = slots
         self.retry = retry
         self.sleep = sleep
@@ -128,30 +126,33 @@ class GuardedCaller:
 
     async def call(
         self,
-        event: Event,
         request: ClaudeRequest,
         *,
+        pipeline_name: str,
+        record: AttemptLog,
         attempt: int,
         reason: str | None,
         fence: Fence | None = None,
     ) -> CallResult:
-        pipeline = self.config.pipelines[event.pipeline]
+        """Claude's reply to ``request`` for ``pipeline_name``, each attempt recorded in ``record``
+        (its row before the call, a failure after it)."""
+        pipeline = self.config.pipelines[pipeline_name]
         client = self.clients.get(pipeline.provider)
         if client is None:
             raise CallAbandoned(f"provider {pipeline.provider!r} is not configured")
         retries, spent = 0, 0.0
         while True:
-            await self._admit_budget(event.pipeline, pipeline)
+            await self._admit_budget(pipeline_name, pipeline)
             model, permit = await self._permit(pipeline, preferred=request.model)
             this = Attempt(
                 attempt, pipeline.provider, replace(request, model=model), permit.state, reason
             )
             reservation = await self._reserve(this.request)
-            call_id = await self._begin(event, this, reservation, fence)
+            call_id = await self._begin(record, this, reservation, fence)
             try:
-                reply = await self._attempt(event.pipeline, client, this.request, spent=spent)
+                reply = await self._attempt(pipeline_name, client, this.request, spent=spent)
             except ClaudeError as exc:
-                await self._after_failure(call_id, this, permit, reservation, exc)
+                await self._after_failure(record, call_id, this, permit, reservation, exc)
                 if not exc.retryable:
                     raise CallAbandoned(f"{exc.error_type}: {exc}") from exc
                 # A 429 is the limiter's to pace, an open breaker's failures the outage's:
@@ -170,7 +171,6 @@ class GuardedCaller:
                 spent += delay if counts else 0.0
                 log.warning(
                     "llm_retry",
-                    event_id=event.id,
                     attempt=attempt,
                     model=model,
                     error=exc.error_type,
@@ -185,8 +185,8 @@ class GuardedCaller:
                 reply=reply,
                 attempt=this,
                 call_id=call_id,
-                cost_usd=self.audit.cost_usd(reply),
-                pipeline=event.pipeline,
+                cost_usd=self.prices.cost_usd(reply.model, usage_of(reply)),
+                pipeline=pipeline_name,
                 permit=permit,
                 reservation=reservation,
             )
@@ -194,14 +194,14 @@ class GuardedCaller:
             return result
 
     async def _begin(
-        self, event: Event, this: Attempt, reservation: Reservation, fence: Fence | None
+        self, record: AttemptLog, this: Attempt, reservation: Reservation, fence: Fence | None
     ) -> str:
         """Check the lease, then write the attempt's row; on failure give the reservation back
         (no call is made, so none may go unaudited)."""
         try:
             if fence is not None:
                 await fence.check()
-            return await self.trail.begin(event, this)
+            return await record.begin(this)
         except BaseException:
             with contextlib.suppress(Exception):
                 await self.limiter.settle(reservation, input_tokens=0, output_tokens=0, headers={})
@@ -272,6 +272,7 @@ class GuardedCaller:
 
     async def _after_failure(
         self,
+        record: AttemptLog,
         call_id: str,
         this: Attempt,
         permit: Permit,
@@ -288,7 +289,7 @@ class GuardedCaller:
         LLM_DURATION.observe(exc.latency_ms / 1000)
         await run_together(
             self._record_failure(this, permit, reservation, exc),
-            self.trail.complete(call_id, self.audit.failure_outcome(this, exc)),
+            record.failed(call_id, this, exc),
         )
 
     async def _record_failure(

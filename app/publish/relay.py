@@ -22,16 +22,17 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 
-import orjson
 import structlog
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.events import EventStatus
-from app.observability.metrics import DEAD_LETTERS, END_TO_END, EVENTS_FINISHED, PUBLISHED
+from app.observability.metrics import END_TO_END, EVENTS_FINISHED, PUBLISHED
 from app.publish.coordination import PublishedMemory, RelayLease
-from app.publish.sns import OutgoingMessage, Published, Publisher, PublishError
+from app.publish.messages import outgoing
+from app.publish.sns import Published, Publisher, PublishError
+from app.store.dead_letters import DeadLetters
 from app.store.models import OutboxRow
-from app.store.repository import DeadLetterRepository, EventRepository, OutboxRepository
+from app.store.repository import EventRepository, OutboxRepository
 
 log = structlog.get_logger(__name__)
 BATCH_ENTRIES = 10
@@ -197,7 +198,7 @@ class OutboxRelay:
 
     async def _publish(self, batch: list[OutboxRow]) -> list[Published | PublishError]:
         async with self._batch_slots:
-            results = await self.publisher.publish_batch([_message(r) for r in batch])
+            results = await self.publisher.publish_batch([outgoing(r) for r in batch])
         # Remembered at once: the window in which a crash leads to a second publish is this
         # one round trip to Redis (SNS FIFO's own 5-minute dedup covers that).
         if self.memory is not None:
@@ -251,17 +252,12 @@ class OutboxRelay:
             await OutboxRepository(session).mark_failed(
                 row.id, error=f"{exc.code}: {exc}"[:2000], dead=not exc.retryable
             )
+            reason = f"SNS {exc.code}: {exc}"[:2000]
             if not exc.retryable:
-                reason = f"SNS {exc.code}: {exc}"[:2000]
-                DeadLetterRepository(session).add(
-                    event_id=row.event_id, stage="publish", reason=reason
-                )
-                await EventRepository(session).set_status(
-                    row.event_id, EventStatus.DEAD_LETTERED, error=reason
-                )
-                DEAD_LETTERS.labels(stage="publish").inc()
-                EVENTS_FINISHED.labels(status=EventStatus.DEAD_LETTERED).inc()
+                await DeadLetters.add_in(session, row.event_id, stage="publish", reason=reason)
             await session.commit()
+        if not exc.retryable:
+            DeadLetters.count(row.event_id, stage="publish", reason=reason)
         if exc.retryable:
             failures = self._backoff.get(row.group_id, (0, 0.0))[0] + 1
             delay = random.uniform(0, min(self.max_backoff, 0.5 * 2**failures))
@@ -275,18 +271,6 @@ class OutboxRelay:
             )
         else:
             log.error("publish_dead_lettered", event_id=row.event_id, code=exc.code)
-
-
-def _message(row: OutboxRow) -> OutgoingMessage:
-    assert row.topic_arn is not None
-    source = orjson.loads(row.body)["event"]["source"]
-    return OutgoingMessage(
-        topic_arn=row.topic_arn,
-        body=row.body,
-        group_id=row.group_id,
-        dedup_id=row.dedup_id,
-        attributes={"tool": row.tool, "source": source, "event_id": row.event_id},
-    )
 
 
 def _batches(rows: list[OutboxRow]) -> Iterator[list[OutboxRow]]:

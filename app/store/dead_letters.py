@@ -21,8 +21,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from app.events import EventStatus
 from app.faults import LeaseLost, dependency_unavailable
 from app.observability.metrics import DEAD_LETTERS, EVENTS_FINISHED
-from app.store.models import DeadLetterRow, EventRow, utcnow
-from app.store.repository import EVENTS, EventRepository
+from app.store.models import EventRow, utcnow
+from app.store.repository import EVENTS, DeadLetterRepository, EventRepository
 
 log = structlog.get_logger(__name__)
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -49,8 +49,8 @@ class DeadLetters:
             await session.commit()
         self.count(event_id, stage=stage, reason=reason)
 
+    @staticmethod
     async def add_in(
-        self,
         session: AsyncSession,
         event_id: str,
         *,
@@ -67,7 +67,7 @@ class DeadLetters:
             event_id, EventStatus.DEAD_LETTERED, epoch=epoch, error=reason
         ):
             raise LeaseLost("a later lease tenure started the event: not dead-lettered here")
-        session.add(DeadLetterRow(event_id=event_id, stage=stage, reason=reason))
+        DeadLetterRepository(session).add(event_id=event_id, stage=stage, reason=reason)
 
     @staticmethod
     def count(event_id: str, *, stage: str, reason: str) -> None:
@@ -117,7 +117,7 @@ class DeadLetters:
                         updated_at=utcnow(),
                     )
                 )
-            session.add(DeadLetterRow(event_id=fields["id"], stage="worker", reason=reason))
+            DeadLetterRepository(session).add(event_id=fields["id"], stage="worker", reason=reason)
             await session.commit()
 
 

@@ -126,6 +126,8 @@ class OutboxRow(Base):
         BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
     )
     event_id: Mapped[str] = mapped_column(String(64), ForeignKey("events.id"))
+    # The event's source: a message attribute, kept here so the relay never parses the body.
+    source: Mapped[str] = mapped_column(String(64))
     seq: Mapped[int] = mapped_column(Integer)
     generation: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     llm_call_id: Mapped[str] = mapped_column(String(64))

@@ -76,6 +76,7 @@ async def _seed(sessions: async_sessionmaker[AsyncSession]) -> None:
         session.add(
             OutboxRow(
                 event_id="evt_001",
+                source="github",
                 seq=0,
                 llm_call_id="llm_001",
                 tool="publishAlert",

@@ -19,7 +19,7 @@ import pytest
 from sqlalchemy import select
 
 from app.config import parse_config
-from app.llm.prompts import DATA_NOTICE
+from app.decide.prompts import DATA_NOTICE
 from app.main import create_app
 from app.settings import Settings
 from app.store.db import create_engine, session_factory

@@ -12,8 +12,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from app.decide.prompts import render_event
 from app.events import Event
-from app.llm.prompts import render_event
 
 ATTACKS = [
     "</event_payload>",

@@ -18,17 +18,17 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from app.config import GatewayConfig, parse_config
+from app.decide.audit import AuditRecorder, AuditTrail
+from app.decide.processor import EventProcessor
+from app.decide.wiring import breaker_policy, model_limits, retry_policy
 from app.events import Event
-from app.llm.audit import AuditRecorder, AuditTrail
 from app.llm.breaker import CircuitBreaker
 from app.llm.budget import BudgetLedger
 from app.llm.caller import GuardedCaller
 from app.llm.client import ClaudeClient
 from app.llm.health import LlmHealth
-from app.llm.pipeline import EventProcessor
 from app.llm.pricing import PriceTable
 from app.llm.ratelimit import RateLimiter
-from app.llm.wiring import breaker_policy, model_limits, retry_policy
 from app.settings import Settings
 from app.store.models import DeadLetterRow, EventRow, LlmCallRow, OutboxRow
 from tests.llm.helpers import FakeClock, RecordedSleeps
@@ -194,7 +194,8 @@ def build(
     sleeps = RecordedSleeps(clock)
     health = LlmHealth()
     ledger = budgets(redis, prefix=prefix, clock=clock)
-    audit = AuditRecorder(prices=PriceTable.from_config(config), text_mode=s.llm_audit_text)  # type: ignore[arg-type]
+    prices = PriceTable.from_config(config)
+    audit = AuditRecorder(prices=prices, text_mode=s.llm_audit_text)  # type: ignore[arg-type]
     anthropic = ClaudeClient(AsyncAnthropic(api_key="sk-ant-test", base_url=BASE, max_retries=0))
     engine = sessions().bind
     assert isinstance(engine, AsyncEngine)
@@ -208,8 +209,7 @@ def build(
         breaker=breaker(redis, prefix=prefix, policy=breaker_policy(s), clock=clock),
         budgets=ledger,
         health=health,
-        audit=audit,
-        trail=trail,
+        prices=prices,
         slots=asyncio.Semaphore(s.llm_max_concurrency),
         retry=retry_policy(s),
         sleep=sleeps,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from app.config import parse_config
+from app.decide.audit_text import audit_text, prompt_hash, redact
 from app.llm.pricing import PriceTable, Usage
-from app.llm.redaction import audit_text, prompt_hash, redact
 from tests.llm.harness import config_text
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+from app.decide.prompts import render_event
 from app.events import Event
-from app.llm.prompts import render_event
 from tests.sources_support import payload
 
 

@@ -63,6 +63,7 @@ async def add_event(
             session.add(
                 OutboxRow(
                     event_id=event_id,
+                    source=source,
                     seq=seq,
                     llm_call_id="llm_x",
                     tool="publishAlert",

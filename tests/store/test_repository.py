@@ -105,6 +105,7 @@ async def test_relay_marks_rows_and_finishes_only_fully_published_events(
         session.add_all(
             OutboxRow(
                 event_id=event_id,
+                source="github",
                 seq=seq,
                 generation=0,
                 llm_call_id="call",

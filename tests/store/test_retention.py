@@ -62,6 +62,7 @@ async def _seed(sessions: async_sessionmaker[AsyncSession]) -> None:
             session.add(
                 OutboxRow(
                     event_id=event_id,
+                    source="github",
                     seq=0,
                     llm_call_id=f"llm_{n}",
                     tool="publishAlert",

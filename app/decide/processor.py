@@ -17,22 +17,21 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import orjson
 import structlog
 from jsonschema import Draft202012Validator
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from app.config import GatewayConfig
+from app.decide.audit import AuditTrail
+from app.decide.prompts import render_event, system_blocks, tool_definitions
+from app.decide.tools import ToolCheck, check_tool_uses, repair_request
 from app.events import FINAL_STATUSES, Event, EventStatus
 from app.faults import Fence, LeaseLost
-from app.llm.audit import AuditTrail
 from app.llm.caller import CallAbandoned, CallResult, GuardedCaller, run_together
 from app.llm.client import ClaudeRequest
-from app.llm.prompts import render_event, system_blocks, tool_definitions
-from app.llm.tools import ToolCheck, check_tool_uses, repair_request
-from app.observability.metrics import DEDUP_HITS, EVENTS_FINISHED, GROUP_ID_DISAGREEMENTS
-from app.publish.ids import deduplication_id, resolve_group_id
+from app.observability.metrics import DEDUP_HITS, EVENTS_FINISHED
+from app.publish.messages import outbox_row
 from app.store.dead_letters import DeadLetters
 from app.store.models import LlmCallStatus, OutboxRow
 from app.store.repository import (
@@ -124,16 +123,23 @@ class EventProcessor:
             max_tokens=pipeline.max_tokens,
         )
         epoch = fence.epoch if fence is not None else 0
+        record = self.trail.of(event)
         try:
             result = await self.caller.call(
-                event, request, attempt=first_attempt, reason=None, fence=fence
+                request,
+                pipeline_name=event.pipeline,
+                record=record,
+                attempt=first_attempt,
+                reason=None,
+                fence=fence,
             )
             check = self._check(event, result)
             if check.invalid and result.reply.stop_reason not in NO_PUBLISH_STOPS:
                 await run_together(self._record_invalid(result, check), self.caller.account(result))
                 result = await self.caller.call(
-                    event,
                     repair_request(result.attempt.request, result.reply, check),
+                    pipeline_name=event.pipeline,
+                    record=record,
                     attempt=result.attempt.number + 1,
                     reason="repair: invalid tool input",
                     fence=fence,
@@ -178,7 +184,14 @@ class EventProcessor:
             reply, status=status, error="; ".join(problems + notes) or None
         )
         rows = [
-            self._outbox_row(event, use, index, result.call_id, reply.model)
+            outbox_row(
+                event=event,
+                use=use,
+                index=index,
+                tool=self.config.tools[use["name"]],
+                call_id=result.call_id,
+                model=reply.model,
+            )
             for index, use in enumerate(accepted)
         ]
         try:
@@ -224,33 +237,6 @@ class EventProcessor:
             refused=check.refused + list(check.over_limit.values()),
             stop_reason=reply.stop_reason,
             cost_usd=result.cost_usd,
-        )
-
-    def _outbox_row(
-        self, event: Event, use: dict[str, Any], index: int, call_id: str, model: str
-    ) -> OutboxRow:
-        body = {
-            "tool": use["name"],
-            "input": use.get("input", {}),
-            "event": event.summary(),
-            "llm_call_id": call_id,
-            "model": model,
-            "sequence": index,
-        }
-        tool = self.config.tools[use["name"]]
-        group_id, disagreed = resolve_group_id(tool.group_id, event.group_key, use.get("input"))
-        if disagreed:
-            GROUP_ID_DISAGREEMENTS.labels(tool=use["name"], policy=tool.group_id).inc()
-        return OutboxRow(
-            event_id=event.id,
-            seq=index,
-            generation=event.generation,
-            llm_call_id=call_id,
-            tool=use["name"],
-            topic_arn=tool.topic_arn,
-            group_id=group_id,
-            dedup_id=deduplication_id(event.id, index, event.generation),
-            body=orjson.dumps(body).decode(),
         )
 
 

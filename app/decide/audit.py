@@ -10,38 +10,17 @@ rows, or on its own when that transaction is refused (``superseded``).
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.decide.audit_text import TextMode, audit_text, prompt_hash
 from app.events import Event
-from app.llm.breaker import BreakerState
-from app.llm.client import ClaudeError, ClaudeReply, ClaudeRequest
-from app.llm.pricing import PriceTable, Usage
-from app.llm.redaction import TextMode, audit_text, prompt_hash
+from app.llm.attempts import Attempt, usage_of
+from app.llm.client import ClaudeError, ClaudeReply
+from app.llm.pricing import PriceTable
 from app.store.models import LlmCallRow, LlmCallStatus
 from app.store.repository import LlmCallRepository
-
-
-@dataclass(frozen=True, slots=True)
-class Attempt:
-    """What is known about one attempt before it is made."""
-
-    number: int
-    provider: str
-    request: ClaudeRequest
-    breaker_state: BreakerState
-    retry_reason: str | None = None
-
-
-def usage_of(reply: ClaudeReply) -> Usage:
-    return Usage(
-        reply.input_tokens,
-        reply.output_tokens,
-        reply.cache_creation_input_tokens,
-        reply.cache_read_input_tokens,
-    )
 
 
 class AuditRecorder:
@@ -138,6 +117,10 @@ class AuditTrail:
         self.autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
         self.recorder = recorder
 
+    def of(self, event: Event) -> EventAttempts:
+        """The attempt log the guarded caller writes for ``event``."""
+        return EventAttempts(self, event)
+
     async def begin(self, event: Event, attempt: Attempt) -> str:
         """The row of an attempt about to be made, outcome unknown; returns its id."""
         call_id = new_call_id()
@@ -150,3 +133,17 @@ class AuditTrail:
     async def complete(self, call_id: str, outcome: dict[str, Any]) -> None:
         async with self.autocommit.connect() as connection:
             await LlmCallRepository(connection).complete(call_id, outcome)
+
+
+class EventAttempts:
+    """``app.llm.attempts.AttemptLog`` for one event's attempts."""
+
+    def __init__(self, trail: AuditTrail, event: Event) -> None:
+        self.trail = trail
+        self.event = event
+
+    async def begin(self, attempt: Attempt) -> str:
+        return await self.trail.begin(self.event, attempt)
+
+    async def failed(self, call_id: str, attempt: Attempt, exc: ClaudeError) -> None:
+        await self.trail.complete(call_id, self.trail.recorder.failure_outcome(attempt, exc))

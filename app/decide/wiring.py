@@ -1,26 +1,28 @@
-"""Build the LLM stage from settings and config: clients per provider, the shared limiter,
-breaker and budgets (all in the gateway's Redis), and the event processor."""
+"""Build the decide stage from settings and config: the guarded Claude client (the shared
+limiter, breaker and budgets, all in the gateway's Redis) and the event processor."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from typing import TYPE_CHECKING, cast
+from collections.abc import Callable, Mapping
+from typing import cast
+
+from redis.asyncio import Redis
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import GatewayConfig, ModelConfig
-from app.llm.audit import AuditRecorder, AuditTrail
+from app.decide.audit import AuditRecorder, AuditTrail
+from app.decide.audit_text import TextMode
+from app.decide.processor import EventProcessor
 from app.llm.breaker import BreakerPolicy, CircuitBreaker
 from app.llm.budget import BudgetLedger
 from app.llm.caller import GuardedCaller, RetryPolicy
 from app.llm.client import ClaudeClient
-from app.llm.pipeline import EventProcessor
+from app.llm.health import LlmHealth
 from app.llm.pricing import PriceTable
 from app.llm.ratelimit import ModelLimits, RateLimiter
-from app.llm.redaction import TextMode
 from app.settings import Settings
-
-if TYPE_CHECKING:
-    from app.state import AppState
+from app.store.db import session_factory
 
 
 def wants_bedrock(config: GatewayConfig) -> bool:
@@ -73,33 +75,37 @@ def breaker_policy(settings: Settings) -> BreakerPolicy:
     )
 
 
-def build_processor(state: AppState, *, on_stored: Callable[[], None]) -> EventProcessor | None:
-    """None when no provider the config uses has a client (events then stay queued)."""
-    settings, config, redis = state.settings, state.config, state.redis
-    clients = {c.provider: c for c in (state.claude, state.bedrock) if c is not None}
-    if not clients:
-        return None
+def build_processor(
+    *,
+    settings: Settings,
+    config: GatewayConfig,
+    redis: Redis,
+    engine: AsyncEngine,
+    clients: Mapping[str, ClaudeClient],
+    health: LlmHealth,
+    on_stored: Callable[[], None],
+) -> EventProcessor:
+    """The decide stage over Claude through ``clients`` (by provider), with the limiter,
+    breaker and budgets shared in ``redis`` and the audit log and outbox in ``engine``."""
     prefix = settings.redis_prefix
-    audit = AuditRecorder(
-        prices=PriceTable.from_config(config), text_mode=cast(TextMode, settings.llm_audit_text)
-    )
-    trail = AuditTrail(engine=state.engine, recorder=audit)
+    prices = PriceTable.from_config(config)
+    audit = AuditRecorder(prices=prices, text_mode=cast(TextMode, settings.llm_audit_text))
+    trail = AuditTrail(engine=engine, recorder=audit)
     caller = GuardedCaller(
         config=config,
         clients=clients,
         limiter=RateLimiter(redis, prefix=prefix, limits=model_limits(settings, config)),
         breaker=CircuitBreaker(redis, prefix=prefix, policy=breaker_policy(settings)),
         budgets=BudgetLedger(redis, prefix=prefix),
-        health=state.llm_health,
-        audit=audit,
-        trail=trail,
+        health=health,
+        prices=prices,
         slots=asyncio.Semaphore(settings.llm_max_concurrency),
         retry=retry_policy(settings),
     )
     return EventProcessor(
         config=config,
-        engine=state.engine,
-        sessions=state.sessions,
+        engine=engine,
+        sessions=session_factory(engine),
         caller=caller,
         trail=trail,
         max_deliveries=settings.max_deliveries,
