@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -63,7 +64,7 @@ def _serve(
             host=host,
             detail="these values are public: set real secrets before anything real",
         )
-    application = create_app(settings, gateway_config, role=role)
+    application = create_app(settings, gateway_config, role=role, after_startup=tune_gc)
     uvicorn.run(
         application,
         host=host,
@@ -76,6 +77,19 @@ def _serve(
         http=http_protocol(settings),
         timeout_keep_alive=settings.keep_alive_seconds,
     )
+
+
+GC_YOUNG_THRESHOLD = 20_000
+
+
+def tune_gc() -> None:
+    """Once everything is built: it lives as long as the process, so it leaves the cyclic
+    GC's scans (full collections over it were the ingest p99 tail); and the young generation
+    is collected less often (every 700 net allocations, the default, was about 13% of ingest
+    CPU per request; a request's objects are freed by reference counting, so collecting less
+    often frees the same memory later, not never)."""
+    gc.freeze()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, 10, 10)
 
 
 @app.command()

@@ -1,19 +1,22 @@
-"""Everything the lifespan builds, in one typed object. Nothing connects at import time."""
+"""What the app factory builds for a role, in typed parts without optional fields for the
+role. Stages never import this: each reaches only what it was given (an endpoint through
+``request.app.state.<its object>``, set by the factory)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
+from app.admin.deps import AdminAccess
 from app.config import GatewayConfig
-from app.ingest.budget import BodyBudget
+from app.decide.processor import EventProcessor
+from app.ingest.router import WebhookEntry
 from app.ingest.service import IngestService
-from app.llm.client import ClaudeClient
 from app.llm.health import LlmHealth
+from app.observability.health import Health
 from app.publish.relay import OutboxRelay
-from app.publish.sns import SnsPublisher
 from app.queue.backlog import BacklogMonitor
 from app.queue.streams import EventQueue
 from app.queue.worker import QueueWorker
@@ -22,7 +25,9 @@ from app.supervision import Supervisor
 
 
 @dataclass
-class AppState:
+class Shared:
+    """Every role: clients, the queue, the supervisor of the background loops, readiness."""
+
     settings: Settings
     config: GatewayConfig
     role: str
@@ -31,14 +36,42 @@ class AppState:
     redis: Redis
     queue: EventQueue
     backlog: BacklogMonitor
+    supervisor: Supervisor
+    health: Health
+
+
+@dataclass
+class ApiParts:
+    """``api`` and ``serve``: where webhooks enter, and the admin API."""
+
     ingest: IngestService
-    # Request-body bytes this process holds before they are verified (all requests together).
-    body_budget: BodyBudget
-    claude: ClaudeClient | None = None
-    publisher: SnsPublisher | None = None
-    relay: OutboxRelay | None = None
-    worker: QueueWorker | None = None
-    supervisor: Supervisor = field(default_factory=Supervisor)
-    # LLM call discipline (issue 4): Bedrock client, and the auth flag /readyz reads.
-    bedrock: ClaudeClient | None = None
-    llm_health: LlmHealth = field(default_factory=LlmHealth)
+    webhooks: WebhookEntry
+    admin: AdminAccess
+
+
+@dataclass
+class Processing:
+    """A worker that calls Claude (built only when a Claude provider is configured)."""
+
+    processor: EventProcessor
+    worker: QueueWorker
+
+
+@dataclass
+class WorkerParts:
+    """``worker`` and ``serve``: deciding (when Claude is configured) and publishing (when a
+    topic is), retention."""
+
+    llm_health: LlmHealth
+    processing: Processing | None
+    relay: OutboxRelay | None
+
+
+@dataclass
+class Running:
+    """What a started app holds (``app.state.running``), for the factory's own shutdown and
+    for tests; ``api`` and ``worker`` are None in the roles that do not run them."""
+
+    shared: Shared
+    api: ApiParts | None
+    worker: WorkerParts | None

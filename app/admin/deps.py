@@ -7,6 +7,7 @@ With no ``EVENTGATE_ADMIN_TOKEN`` the admin API is off: every admin endpoint ans
 from __future__ import annotations
 
 import hmac
+from dataclasses import dataclass
 from typing import Annotated
 
 import structlog
@@ -14,13 +15,26 @@ from fastapi import Depends, Request
 
 from app.admin.exceptions import AdminDisabled, Unauthorized
 from app.admin.service import AdminService
-from app.deps import StateDep
 
 log = structlog.get_logger(__name__)
 
 
-def require_admin(request: Request, state: StateDep) -> None:
-    token = state.settings.admin_token
+@dataclass(frozen=True, slots=True)
+class AdminAccess:
+    """What the app factory gives the admin API (``app.state.admin``): the token it checks
+    (None: the admin API is off) and the service behind it."""
+
+    token: str | None
+    service: AdminService
+
+
+def _access(request: Request) -> AdminAccess:
+    access: AdminAccess = request.app.state.admin
+    return access
+
+
+def require_admin(request: Request) -> None:
+    token = _access(request).token
     if not token:
         raise AdminDisabled("admin API is disabled: set EVENTGATE_ADMIN_TOKEN")
     scheme, _, given = request.headers.get("authorization", "").partition(" ")
@@ -37,13 +51,8 @@ def require_admin(request: Request, state: StateDep) -> None:
         raise Unauthorized("missing or wrong bearer token (Authorization: Bearer <token>)")
 
 
-def get_admin_service(state: StateDep) -> AdminService:
-    return AdminService(
-        sessions=state.sessions,
-        queue=state.queue,
-        sources=state.config.sources,
-        marker_ttl_ms=state.settings.dedup_window_seconds * 1000,
-    )
+def get_admin_service(request: Request) -> AdminService:
+    return _access(request).service
 
 
 AdminServiceDep = Annotated[AdminService, Depends(get_admin_service)]

@@ -1,18 +1,16 @@
-"""HTTP only: check the headers, read the body within the size limit, the read timeout and
-the process's body budget, hand it to the ingest service.
+"""HTTP only: the one handler of a webhook delivery (``WebhookEntry``) and the FastAPI route
+that documents it.
 
-Order per request: source → backlog → ``admit`` (credentials and signature headers: a request
+Order per request: source → ``admit`` (backlog, credentials and signature headers: a request
 they refuse never has its body read) → body, each chunk reserved from the process-wide
 ``BodyBudget`` and fed to the source's streaming check as it arrives, into one buffer (never
 a list of chunks plus a joined copy) → verify, describe, queue → budget released.
 
-``receive_webhook`` is reached two ways: as a FastAPI route on ``router`` (which the OpenAPI
-schema and docs UI describe) and through ``WebhookFastPath``, the ASGI middleware that
-``create_app`` installs in front of the routing. POSTs reach the middleware: it skips the
-exception and body-limit middlewares, route matching over every router, and FastAPI's
-per-request dependency solving, which together cost more CPU than verifying and queueing the
-webhook (see docs/benchmarks.md). Same function, same error bodies; every other method and
-path goes on to the router (a GET gets the route's 405).
+Where a webhook enters: the app factory builds the ``WebhookEntry`` with what it needs, and
+the gateway's ASGI app (``app/main.py``) hands it ``POST /v1/webhooks/{source}`` before
+FastAPI's middleware and routing, which cost more CPU than verifying and queueing a webhook.
+The route below is the same handler reached through FastAPI (the OpenAPI description, and
+``direct_webhooks=False``): one code path, so both answer the same for every status.
 """
 
 from __future__ import annotations
@@ -24,14 +22,14 @@ import structlog
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from starlette.requests import ClientDisconnect
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from app.errors import AppError, InternalError, app_error_response, error_responses
-from app.ingest.budget import Reservation
+from app.ingest.budget import BodyBudget, Reservation
 from app.ingest.exceptions import ClientDisconnected, PayloadTooLarge, RequestTimeout
 from app.ingest.schemas import BatchIngestResponse, IngestResponse
+from app.ingest.service import IngestService
 from app.sources.admission import BodyCheck
-from app.state import AppState
 
 router = APIRouter(tags=["ingest"])
 log = structlog.get_logger(__name__)
@@ -118,6 +116,69 @@ async def read_body(
     return body
 
 
+class WebhookEntry:
+    """Answers one webhook delivery; never raises (errors are answered as JSON)."""
+
+    def __init__(self, *, service: IngestService, budget: BodyBudget, read_seconds: float) -> None:
+        self.service = service
+        self.budget = budget
+        self.read_seconds = read_seconds
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send, source: str) -> None:
+        response = await self.respond(source, Request(scope, receive))
+        await response(scope, receive, send)
+
+    async def respond(self, source: str, request: Request) -> Response:
+        try:
+            return await self._receive(source, request)
+        except AppError as exc:
+            remote = request.client.host if request.client else None
+            self.service.rejected(source, exc, remote=remote)
+            return app_error_response(exc)
+        except Exception:
+            # Logged here, once, without the body; answered like any other error.
+            log.exception("webhook_failed", source=source)
+            return app_error_response(InternalError())
+
+    async def _receive(self, source: str, request: Request) -> Response:
+        service = self.service
+        registered = service.source(source)
+        check = service.admit(registered, request.headers)
+        with self.budget.hold() as reservation:
+            body = await read_body(
+                request,
+                registered.max_body_bytes,
+                read_seconds=self.read_seconds,
+                reservation=reservation,
+                check=check,
+            )
+            outcome = await service.ingest(registered, request.headers, body, check)
+        code = 202 if outcome.queued else 200
+        # Built by hand on the hot path (same shapes as IngestResponse / BatchIngestResponse,
+        # which document them): a pydantic round trip per request costs more than the rest.
+        entries = [
+            {
+                k: v
+                for k, v in (("event_id", e.event_id), ("status", e.status), ("detail", e.detail))
+                if v is not None
+            }
+            for e in outcome.events
+        ]
+        content = {"events": entries} if outcome.batch else entries[0]
+        return Response(orjson.dumps(content), status_code=code, media_type="application/json")
+
+
+WEBHOOKS_PREFIX = "/v1/webhooks/"
+
+
+def webhook_source(path: str) -> str | None:
+    """The source named by a webhook path (``/v1/webhooks/<source>``), else None."""
+    if not path.startswith(WEBHOOKS_PREFIX):
+        return None
+    source = path[len(WEBHOOKS_PREFIX) :]
+    return source if source and "/" not in source else None
+
+
 @router.post(
     "/v1/webhooks/{source}",
     status_code=202,
@@ -141,67 +202,5 @@ async def receive_webhook(source: str, request: Request) -> Response:
     A batch request (CloudEvents batch mode, an array with `split: true`) answers
     `{"events": [...]}`, one entry per event in request order; 202 if any was queued.
     """
-    state: AppState = request.app.state.gateway
-    try:
-        return await _receive(state, source, request)
-    except AppError as exc:
-        state.ingest.rejected(source, exc, remote=request.client.host if request.client else None)
-        raise
-
-
-async def _receive(state: AppState, source: str, request: Request) -> Response:
-    service = state.ingest
-    registered = service.source(source)
-    state.backlog.check()
-    check = service.admit(registered, request.headers)
-    with state.body_budget.hold() as reservation:
-        body = await read_body(
-            request,
-            registered.max_body_bytes,
-            read_seconds=state.settings.body_read_timeout_seconds,
-            reservation=reservation,
-            check=check,
-        )
-        outcome = await service.ingest(registered, request.headers, body, check)
-    queued = sum(1 for e in outcome.events if e.status == "queued")
-    if queued:
-        state.backlog.record_enqueued(queued)
-    code = 202 if outcome.queued else 200
-    # Built by hand on the hot path (same shapes as IngestResponse / BatchIngestResponse,
-    # which document them): a pydantic round trip per request costs more than the rest.
-    entries = [
-        {
-            k: v
-            for k, v in (("event_id", e.event_id), ("status", e.status), ("detail", e.detail))
-            if v is not None
-        }
-        for e in outcome.events
-    ]
-    content = {"events": entries} if outcome.batch else entries[0]
-    return Response(orjson.dumps(content), status_code=code, media_type="application/json")
-
-
-class WebhookFastPath:
-    """Serves ``POST /v1/webhooks/{source}`` (one path segment) before FastAPI's routing."""
-
-    PREFIX = "/v1/webhooks/"
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
-            path: str = scope["path"]
-            source = path[len(self.PREFIX) :] if path.startswith(self.PREFIX) else ""
-            if source and "/" not in source:
-                try:
-                    response = await receive_webhook(source, Request(scope, receive))
-                except AppError as exc:
-                    response = app_error_response(exc)
-                except Exception:
-                    # Logged here, once, without the body; answered like any other error.
-                    log.exception("webhook_failed", source=source)
-                    response = app_error_response(InternalError())
-                await response(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
+    entry: WebhookEntry = request.app.state.webhooks
+    return await entry.respond(source, request)

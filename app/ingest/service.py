@@ -38,6 +38,7 @@ from app.observability.metrics import (
     WEBHOOKS_RECEIVED,
 )
 from app.payloads import resolve_key
+from app.queue.backlog import BacklogMonitor
 from app.queue.batching import EventEnqueuer
 from app.redaction import NestingTooDeep, payload_to_json, redact_to_json
 from app.sources.admission import Body, BodyCheck
@@ -83,11 +84,13 @@ class IngestService:
         collapser: AlertCollapser,
         max_body_bytes: int,
         dedup_window_seconds: int,
+        backlog: BacklogMonitor,
         redact_payloads: bool = True,
         deps: AdapterDeps | None = None,
         rejections: RejectionLog | None = None,
     ) -> None:
         self.queue = queue
+        self.backlog = backlog
         self.redact_payloads = redact_payloads
         self.collapser = collapser
         self.rejections = rejections or RejectionLog()
@@ -128,8 +131,10 @@ class IngestService:
         )
 
     def admit(self, source: RegisteredSource, headers: Headers) -> BodyCheck:
-        """Before the body is read: refuse what the headers show is wrong; the returned
-        check is fed the body's chunks as they arrive (see ``admission.py``)."""
+        """Before the body is read: refuse while the backlog is over its limit, and what the
+        headers show is wrong; the returned check is fed the body's chunks as they arrive
+        (see ``app/sources/admission.py``)."""
+        self.backlog.check()
         return source.adapter.admit(headers)
 
     async def ingest(
@@ -166,8 +171,12 @@ class IngestService:
         except (RedisError, OSError) as exc:
             log.warning("enqueue_failed", source=source.name, error=type(exc).__name__)
             raise QueueUnavailable("the event queue is unreachable; retry later") from exc
+        queued = 0
         for done in outcomes:
             WEBHOOKS_RECEIVED.labels(source=source.name, outcome=done.status).inc()
+            queued += done.status == "queued"
+        if queued:
+            self.backlog.record_enqueued(queued)
         return IngestOutcome(outcomes, batch=batch)
 
     async def _one(

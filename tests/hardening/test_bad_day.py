@@ -20,7 +20,7 @@ from app.main import create_app
 from app.queue.connection import connect_redis
 from app.queue.streams import EventQueue
 from app.settings import Settings
-from app.state import AppState
+from app.state import Running, Shared
 from app.testing.fake_anthropic import FakeAnthropicServer
 from tests.conftest import HAVE_POSTGRES
 from tests.support import ServerThread, SnsFixture, gateway_config, github_request, issue_payload
@@ -45,9 +45,9 @@ def gateway(
         yield server, app
 
 
-def _state(app: FastAPI) -> AppState:
-    state: AppState = app.state.gateway
-    return state
+def _state(app: FastAPI) -> Running:
+    running: Running = app.state.running
+    return running
 
 
 def _wait(condition: Callable[[], Any], timeout: float = 15) -> Any:
@@ -79,7 +79,7 @@ def test_every_loop_killed_is_reported_by_readyz_and_restarted(
     gateway: tuple[ServerThread, FastAPI],
 ) -> None:
     server, app = gateway
-    supervisor = _state(app).supervisor
+    supervisor = _state(app).shared.supervisor
     _wait(lambda: httpx.get(f"{server.url}/readyz").status_code == 200)
     names = sorted(supervisor.loops)
     assert {"backlog", "lease-keeper", "read-loop", "relay", "retention", "dispatch-0"} <= set(
@@ -112,7 +112,7 @@ def test_a_poison_entry_is_dead_lettered_and_other_keys_go_on(
 ) -> None:
     """The entry was queued before ingest bounded its fields (an older version wrote it)."""
     server, app = gateway
-    state = _state(app)
+    state = _state(app).shared
     event = Event(
         id="evt_poison0000000000000000000000000",
         source="github",
@@ -149,7 +149,7 @@ def _event_or_none(url: str, event_id: str) -> dict[str, Any] | None:
     return body
 
 
-async def _backlog(state: AppState) -> int:
+async def _backlog(state: Shared) -> int:
     redis = connect_redis(state.settings.redis_url)
     try:
         queue = EventQueue(redis, prefix=state.settings.redis_prefix, partitions=16)

@@ -31,7 +31,7 @@ def _serve(redis_url: str, redis_prefix: str, database_url: str) -> Iterator[Ser
     settings = Settings(redis_url=redis_url, redis_prefix=redis_prefix, database_url=database_url)
     app = create_app(settings, parse_config(CONFIG), role="api")
     with ServerThread(app) as server:
-        assert isinstance(app.state.gateway.ingest.queue, EnqueueBatcher)
+        assert isinstance(app.state.running.api.ingest.queue, EnqueueBatcher)
         yield server
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import zlib
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -12,8 +14,6 @@ import pytest
 from redis import Redis
 
 from app.config import load_config
-from app.errors import InternalErrorMiddleware
-from app.ingest.router import WebhookFastPath
 from app.main import create_app
 from app.settings import Settings
 from tests.support import ServerThread, github_request, issue_payload
@@ -215,16 +215,12 @@ def test_health_readiness_and_docs(api: tuple[str, Settings]) -> None:
     assert httpx.get(f"{url}/docs").status_code == 200
 
 
-def test_webhooks_are_served_by_the_fast_path_and_documented_by_fastapi(
+def test_webhooks_are_documented_by_fastapi_and_other_methods_routed(
     api: tuple[str, Settings],
 ) -> None:
-    """POSTs are served by the ASGI fast path; the FastAPI route is what the schema
-    describes (the path parameter and the error answers); other methods and deeper paths
-    go on to the router."""
+    """The route is what the schema describes (the path parameter and the error answers);
+    other methods and deeper paths go on to FastAPI's routing."""
     url, _ = api
-    app = create_app(Settings(), load_config(None, env={}), role="api")
-    # The fast path first; the last-resort JSON 500 handler around the routes.
-    assert [m.cls for m in app.user_middleware] == [WebhookFastPath, InternalErrorMiddleware]  # type: ignore[comparison-overlap]
     operation = httpx.get(f"{url}/openapi.json").json()["paths"]["/v1/webhooks/{source}"]
     assert [p["name"] for p in operation["post"]["parameters"]] == ["source"]
     assert {"202", "401", "404", "413", "503"} <= set(operation["post"]["responses"])
@@ -238,19 +234,52 @@ def test_webhooks_are_served_by_the_fast_path_and_documented_by_fastapi(
     assert (unknown.status_code, unknown.json()["error"]) == (404, "UnknownSource")
 
 
-def test_serve_without_api_key_queues_and_is_not_ready(
-    make_settings: Callable[..., Settings],
+def _signed(body: bytes, *, event: str = "issues", media: str = "application/json") -> Any:
+    _, headers = github_request(SECRET, {})
+    headers["Content-Type"] = media
+    headers["X-GitHub-Event"] = event
+    headers["X-Hub-Signature-256"] = (
+        "sha256=" + hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest()
+    )
+    return body, headers
+
+
+def _answers(url: str) -> list[tuple[int, object]]:
+    """Every kind of answer the endpoint gives, as (status, error name or answer status)."""
+    issue = orjson.dumps(issue_payload("acme/api", 1))
+    delivery = "parity-delivery-1"
+    requests: list[tuple[str, bytes, dict[str, str]]] = []
+    body, headers = _signed(issue)
+    headers["X-GitHub-Delivery"] = delivery
+    requests += [("github", body, headers), ("github", body, dict(headers))]  # 202, duplicate
+    requests.append(("github", *_signed(b"{}", event="ping")))  # ignored
+    requests.append(("github", *_signed(b"not json")))  # 400
+    bad = dict(headers) | {"X-Hub-Signature-256": "sha256=" + "0" * 64}
+    requests.append(("github", body, bad))  # 401
+    requests.append(("nope", body, headers))  # 404
+    requests.append(("github", *_signed(b"{" + b" " * 5000 + b"}")))  # 413
+    requests.append(("github", *_signed(issue, media="text/plain")))  # 415
+    answers = []
+    for source, content, sent in requests:
+        reply = httpx.post(f"{url}/v1/webhooks/{source}", content=content, headers=sent)
+        data = reply.json()
+        answers.append((reply.status_code, data.get("error", data.get("status"))))
+    return answers
+
+
+def test_the_direct_entry_and_the_route_answer_the_same_for_every_status(
+    make_settings: Callable[..., Settings], redis_prefix: str
 ) -> None:
-    settings = make_settings()
-    with ServerThread(create_app(settings, load_config(None, env={}), role="serve")) as server:
-        body, headers = github_request(SECRET, issue_payload("acme/api", 1))
-        assert (
-            httpx.post(
-                f"{server.url}/v1/webhooks/github", content=body, headers=headers
-            ).status_code
-            == 202
-        )
-        ready = httpx.get(f"{server.url}/readyz")
-        assert ready.status_code == 503
-        assert ready.json()["status"] == "not_ready"
-        assert "ANTHROPIC_API_KEY" in ready.json()["checks"]["llm"]
+    """Webhooks enter directly (before FastAPI's middleware and routing) or through the
+    route; both are one handler, and answer alike."""
+    answers = []
+    for direct_webhooks in (True, False):
+        prefix = f"{redis_prefix}:{direct_webhooks}"  # the fixture deletes {redis_prefix}:*
+        settings = make_settings(max_body_bytes=4096, redis_prefix=prefix)
+        app = create_app(settings, load_config(None, env={}), role="api")
+        app.direct_webhooks = direct_webhooks
+        with ServerThread(app) as server:
+            answers.append(_answers(server.url))
+    direct, routed = answers
+    assert [status for status, _ in direct] == [202, 200, 200, 400, 401, 404, 413, 415]
+    assert routed == direct

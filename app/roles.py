@@ -1,0 +1,311 @@
+"""What each role builds, starts and stops. Every client is entered into the lifespan's exit
+stack, so it is closed on the way out in reverse order of building; nothing connects at
+import time.
+
+- every role: the database engine (migrated first when ``EVENTGATE_AUTO_MIGRATE``), Redis, the
+  queue, the backlog monitor, the supervisor, and readiness (Redis, database, loops);
+- ``api``: the ingest service and its webhook entry, the admin API;
+- ``worker``: when a Claude provider is configured, the decide stage and the queue worker;
+  when a tool has a topic, the SNS client and the outbox relay; retention.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import uuid
+from contextlib import AsyncExitStack
+
+import aioboto3
+import structlog
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.admin.deps import AdminAccess
+from app.admin.service import AdminService
+from app.config import GatewayConfig
+from app.decide.wiring import bedrock_client, build_processor, wants_bedrock
+from app.ingest.budget import BodyBudget
+from app.ingest.collapse import AlertCollapser
+from app.ingest.router import WebhookEntry
+from app.ingest.service import IngestService
+from app.llm.client import ClaudeClient
+from app.llm.health import LlmHealth
+from app.observability.health import Health, succeeds
+from app.observability.logging import configure_logging
+from app.publish.coordination import PublishedMemory, RelayLease
+from app.publish.relay import OutboxRelay
+from app.publish.sns import SnsPublisher
+from app.queue.backlog import BacklogMonitor
+from app.queue.batching import EnqueueBatcher
+from app.queue.connection import connect_redis
+from app.queue.leases import PartitionLeases
+from app.queue.streams import EventQueue
+from app.queue.worker import QueueWorker
+from app.settings import Settings
+from app.sources.base import AdapterDeps
+from app.state import ApiParts, Processing, Running, Shared, WorkerParts
+from app.store.db import create_engine, session_factory
+from app.store.migrate import upgrade_head
+from app.store.retention import RetentionJob
+from app.supervision import Supervisor
+
+log = structlog.get_logger(__name__)
+DISPOSE_TIMEOUT_SECONDS = 5.0
+NO_LLM = "not configured: set ANTHROPIC_API_KEY (events are accepted and stay queued)"
+
+
+async def build(
+    settings: Settings,
+    config: GatewayConfig,
+    *,
+    role: str,
+    stack: AsyncExitStack,
+    deps: AdapterDeps | None,
+) -> Running:
+    shared = await _build_shared(settings, config, role=role, stack=stack)
+    api = _build_api(shared, deps) if role in ("serve", "api") else None
+    worker = await _build_worker(shared, stack) if role in ("serve", "worker") else None
+    if worker is None:
+        # Reported, not required: this role does not call Claude, but an operator reading
+        # /readyz of an ingest-only process still learns whether the key is set.
+        configured = _llm_configured(settings, config)
+
+        async def llm() -> str:
+            return "ok" if configured else NO_LLM
+
+        shared.health.check("llm", llm, required=False)
+    return Running(shared=shared, api=api, worker=worker)
+
+
+async def _build_shared(
+    settings: Settings, config: GatewayConfig, *, role: str, stack: AsyncExitStack
+) -> Shared:
+    configure_logging(fmt=settings.log_format, level=settings.log_level)
+    if settings.auto_migrate:
+        await asyncio.to_thread(upgrade_head, settings.database_url)
+    engine = create_engine(settings.database_url, pool_size=settings.database_pool_size)
+    stack.push_async_callback(_dispose, engine)
+    redis = connect_redis(settings.redis_url)
+    stack.push_async_callback(redis.aclose)
+    queue = EventQueue(redis, prefix=settings.redis_prefix, partitions=settings.partitions)
+    supervisor = Supervisor(restart_seconds=settings.task_restart_seconds)
+    backlog = BacklogMonitor(
+        queue,
+        max_depth=settings.backlog_max_depth,
+        max_age_seconds=settings.backlog_max_age_seconds,
+    )
+    health = Health(before_scrape=[backlog.refresh])
+    health.check("redis", succeeds(redis.ping), required=True)
+    health.check("database", succeeds(lambda: _ping(engine)), required=True)
+    health.check("tasks", lambda: _loops(supervisor), required=True)
+    return Shared(
+        settings=settings,
+        config=config,
+        role=role,
+        engine=engine,
+        sessions=session_factory(engine),
+        redis=redis,
+        queue=queue,
+        backlog=backlog,
+        supervisor=supervisor,
+        health=health,
+    )
+
+
+def _build_api(shared: Shared, deps: AdapterDeps | None) -> ApiParts:
+    settings, queue = shared.settings, shared.queue
+    ingest = IngestService(
+        config=shared.config,
+        queue=EnqueueBatcher(queue) if settings.ingest_batching else queue,
+        collapser=AlertCollapser(shared.redis, prefix=settings.redis_prefix),
+        max_body_bytes=settings.max_body_bytes,
+        dedup_window_seconds=settings.dedup_window_seconds,
+        backlog=shared.backlog,
+        redact_payloads=settings.payload_redaction == "on",
+        deps=deps,
+    )
+
+    async def backlog() -> str:
+        return shared.backlog.overloaded or "ok"
+
+    shared.health.check("backlog", backlog, required=False)
+    admin = AdminService(
+        sessions=shared.sessions,
+        queue=queue,
+        sources=shared.config.sources,
+        marker_ttl_ms=settings.dedup_window_seconds * 1000,
+    )
+    return ApiParts(
+        ingest=ingest,
+        webhooks=WebhookEntry(
+            service=ingest,
+            budget=BodyBudget(settings.ingest_buffer_bytes),
+            read_seconds=settings.body_read_timeout_seconds,
+        ),
+        admin=AdminAccess(token=settings.admin_token, service=admin),
+    )
+
+
+async def _build_worker(shared: Shared, stack: AsyncExitStack) -> WorkerParts:
+    settings, config = shared.settings, shared.config
+    owner = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    relay = await _build_relay(shared, stack, owner=owner)
+    clients = await _claude_clients(settings, config, stack)
+    health = LlmHealth()
+    processing = None
+    if clients:
+        processor = build_processor(
+            settings=settings,
+            config=config,
+            redis=shared.redis,
+            engine=shared.engine,
+            clients=clients,
+            health=health,
+            on_stored=relay.wake if relay is not None else lambda: None,
+        )
+        worker = QueueWorker(
+            queue=shared.queue,
+            leases=PartitionLeases(
+                shared.redis,
+                prefix=settings.redis_prefix,
+                partitions=settings.partitions,
+                owner=owner,
+                ttl_ms=settings.lease_ttl_ms,
+            ),
+            process=processor.process,
+            give_up=processor.give_up,
+            consumer=owner,
+            concurrency=settings.worker_concurrency or 2 * settings.llm_max_concurrency,
+            grace_seconds=settings.shutdown_grace_seconds,
+            max_failures=settings.max_deliveries,
+            supervisor=shared.supervisor,
+        )
+        processing = Processing(processor=processor, worker=worker)
+    else:
+        log.warning("llm_not_configured", detail="set ANTHROPIC_API_KEY; events stay queued")
+    configured = processing is not None
+
+    async def llm() -> str:
+        return health.describe() if configured else NO_LLM
+
+    shared.health.check("llm", llm, required=True)
+    return WorkerParts(llm_health=health, processing=processing, relay=relay)
+
+
+async def _build_relay(shared: Shared, stack: AsyncExitStack, *, owner: str) -> OutboxRelay | None:
+    """The SNS client and the relay, when a tool has a topic (else tool calls stay in the
+    outbox); readiness reports whether each topic answers, without requiring it (the outbox
+    holds tool calls while SNS is down)."""
+    settings = shared.settings
+    topics = sorted({t.topic_arn for t in shared.config.tools.values() if t.topic_arn})
+    if not topics:
+
+        async def no_topics() -> str:
+            return "no topics configured: tool calls stay in the outbox"
+
+        shared.health.check("sns", no_topics, required=False)
+        return None
+    client = await stack.enter_async_context(
+        aioboto3.Session().client("sns", region_name=settings.aws_region)
+    )
+    publisher = SnsPublisher(client)
+    shared.health.check("sns", lambda: _topics(publisher, topics), required=False)
+    return OutboxRelay(
+        sessions=shared.sessions,
+        publisher=publisher,
+        lease=RelayLease(shared.redis, key=f"{settings.redis_prefix}:relay-lease", owner=owner),
+        memory=PublishedMemory(
+            shared.redis,
+            prefix=settings.redis_prefix,
+            window_seconds=settings.publish_dedup_window_seconds,
+        ),
+        poll_seconds=settings.relay_poll_seconds,
+        batch_concurrency=settings.relay_batch_concurrency,
+    )
+
+
+def _llm_configured(settings: Settings, config: GatewayConfig) -> bool:
+    return bool(
+        settings.anthropic_api_key or os.environ.get("ANTHROPIC_BASE_URL") or wants_bedrock(config)
+    )
+
+
+async def _claude_clients(
+    settings: Settings, config: GatewayConfig, stack: AsyncExitStack
+) -> dict[str, ClaudeClient]:
+    clients: dict[str, ClaudeClient] = {}
+    if settings.anthropic_api_key or os.environ.get("ANTHROPIC_BASE_URL"):
+        claude = ClaudeClient.from_env(
+            api_key=settings.anthropic_api_key or "unset", timeout=settings.llm_timeout_seconds
+        )
+        stack.push_async_callback(claude.close)
+        clients[claude.provider] = claude
+    if wants_bedrock(config):
+        bedrock = bedrock_client(settings)
+        stack.push_async_callback(bedrock.close)
+        clients[bedrock.provider] = bedrock
+    return clients
+
+
+def start(running: Running) -> None:
+    """Every background loop runs under the supervisor (``/readyz`` reports one that is down)."""
+    shared, supervisor = running.shared, running.shared.supervisor
+    supervisor.start("backlog", shared.backlog.run)
+    if running.worker is None:
+        return
+    if running.worker.processing is not None:
+        running.worker.processing.worker.start()
+    if running.worker.relay is not None:
+        supervisor.start("relay", running.worker.relay.run)
+    if shared.settings.retention_seconds > 0:
+        retention = RetentionJob(
+            sessions=shared.sessions,
+            max_age_seconds=shared.settings.retention_seconds,
+            interval_seconds=shared.settings.retention_interval_seconds,
+        )
+        supervisor.start("retention", retention.run)
+
+
+async def stop(running: Running) -> None:
+    """Stop taking work; give in-flight events the grace period; then stop every loop."""
+    processing = running.worker.processing if running.worker is not None else None
+    if processing is not None:
+        grace = running.shared.settings.shutdown_grace_seconds + 5
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(processing.worker.shutdown(), grace)
+    await running.shared.supervisor.stop_all()
+
+
+async def _dispose(engine: AsyncEngine) -> None:
+    """Close the pool, but not for ever: closing a connection waits for the server's goodbye,
+    which a database behind a silent network (packets dropped) never sends. The process is
+    exiting; the operating system closes what is left."""
+    try:
+        await asyncio.wait_for(engine.dispose(), DISPOSE_TIMEOUT_SECONDS)
+    except TimeoutError:
+        log.warning("database_close_timed_out", seconds=DISPOSE_TIMEOUT_SECONDS)
+
+
+async def _ping(engine: AsyncEngine) -> None:
+    async with engine.connect() as connection:
+        await connection.execute(text("SELECT 1"))
+
+
+async def _loops(supervisor: Supervisor) -> str:
+    down = supervisor.down()
+    if not down:
+        return "ok"
+    return "down: " + "; ".join(f"{name} ({why})" for name, why in sorted(down.items()))
+
+
+async def _topics(publisher: SnsPublisher, topics: list[str]) -> str:
+    bad = []
+    for arn in topics:
+        try:
+            await asyncio.wait_for(publisher.check(arn), 2.0)
+        except Exception as exc:  # noqa: BLE001 - reported with its name
+            bad.append(f"{arn}: error: {type(exc).__name__}")
+    return "ok" if not bad else "; ".join(bad)
