@@ -7,6 +7,7 @@ WORKDIR /src
 RUN python -m venv /opt/venv
 COPY pyproject.toml README.md ./
 COPY app ./app
+COPY eventgate_dev ./eventgate_dev
 RUN /opt/venv/bin/pip install --no-cache-dir .
 
 FROM python:3.11-slim

@@ -21,8 +21,8 @@ test: $(STAMP)
 	$(BIN)/python -m pytest
 
 lint: $(STAMP)
-	$(BIN)/ruff check app tests bench alembic/env.py
-	$(BIN)/ruff format --check app tests bench alembic/env.py
+	$(BIN)/ruff check app eventgate_dev tests bench alembic/env.py
+	$(BIN)/ruff format --check app eventgate_dev tests bench alembic/env.py
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
@@ -33,7 +33,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.run_all
 
 fake-claude: $(STAMP)  ## a fake Messages API on :8787 for trying the gateway without a key
-	$(BIN)/python -m app.testing.fake_anthropic --port 8787
+	$(BIN)/python -m eventgate_dev.fake_anthropic --port 8787
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache eventgate.db*

@@ -216,7 +216,7 @@ async def _build_relay(shared: Shared, stack: AsyncExitStack, *, owner: str) -> 
     return OutboxRelay(
         sessions=shared.sessions,
         publisher=publisher,
-        lease=RelayLease(shared.redis, key=f"{settings.redis_prefix}:relay-lease", owner=owner),
+        lease=RelayLease(shared.redis, prefix=settings.redis_prefix, owner=owner),
         memory=PublishedMemory(
             shared.redis,
             prefix=settings.redis_prefix,

@@ -66,7 +66,7 @@ class Settings(BaseSettings):
     retention_seconds: int = Field(default=30 * 24 * 3600, ge=0)
     retention_interval_seconds: float = Field(default=3600.0, gt=0)
 
-    # --- LLM call discipline (issue 4): rate limits, retries, breaker, audit text ---
+    # --- Claude call discipline: rate limits, retries, breaker, audit text ---
     # Defaults for models without a `models:` entry in the config; 0 = no local limit (the
     # anthropic-ratelimit-* headers and retry-after still slow the gateway down).
     llm_requests_per_minute: int = Field(default=0, ge=0)

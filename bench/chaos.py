@@ -18,8 +18,8 @@ from pathlib import Path
 from moto.server import ThreadedMotoServer
 
 from app.store.migrate import upgrade_head
-from app.testing.fake_anthropic import FakeAnthropicServer
 from bench.common import Skip, database, free_port, report
+from eventgate_dev.fake_anthropic import FakeAnthropicServer
 from tests.hardening.chaos import ChaosPlan, ChaosRun
 from tests.support import SnsFixture
 

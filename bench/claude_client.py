@@ -93,7 +93,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     port = free_port()
-    argv = [PYTHON, "-m", "app.testing.fake_anthropic", "--port", str(port)]
+    argv = [PYTHON, "-m", "eventgate_dev.fake_anthropic", "--port", str(port)]
     argv += ["--latency", str(args.latency)]
     best: dict[str, tuple[float, float]] = {}
     with Server(argv, env=dict(os.environ), port=port, ready_path="/_fake/stats") as fake:

@@ -25,7 +25,7 @@ from app.main import create_app
 from app.settings import Settings
 from app.store.db import create_engine, session_factory
 from app.store.models import EventRow, LlmCallRow
-from app.testing.fake_anthropic import FakeAnthropicServer, FakeBehaviour
+from eventgate_dev.fake_anthropic import FakeAnthropicServer, FakeBehaviour
 from tests.support import ServerThread, github_request, issue_payload
 
 

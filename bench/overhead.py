@@ -40,7 +40,7 @@ def _services(latency: float) -> tuple[Server, Server]:
     moto_port, fake_port = free_port(), free_port()
     moto = Server([PYTHON, "-m", "moto.server", "-p", str(moto_port)], env=env, port=moto_port)
     moto.ready_path = "/moto-api/"
-    fake_argv = [PYTHON, "-m", "app.testing.fake_anthropic", "--port", str(fake_port)]
+    fake_argv = [PYTHON, "-m", "eventgate_dev.fake_anthropic", "--port", str(fake_port)]
     fake = Server([*fake_argv, "--latency", str(latency)], env=env, port=fake_port)
     fake.ready_path = "/_fake/stats"
     return moto, fake

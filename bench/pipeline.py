@@ -337,7 +337,7 @@ def main() -> None:
     for latency in args.latency:
         moto_port, fake_port = free_port(), free_port()
         moto_argv = [PYTHON, "-m", "moto.server", "-p", str(moto_port)]
-        fake_argv = [PYTHON, "-m", "app.testing.fake_anthropic", "--port", str(fake_port)]
+        fake_argv = [PYTHON, "-m", "eventgate_dev.fake_anthropic", "--port", str(fake_port)]
         fake_argv += ["--latency", str(latency)]
         with (
             Server(moto_argv, env=env, port=moto_port, ready_path="/moto-api/") as moto,

@@ -12,13 +12,15 @@ from typing import Any
 
 import pytest
 from moto.server import ThreadedMotoServer
+from redis.asyncio import Redis
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from app.queue.connection import connect_redis
 from app.settings import Settings
 from app.store.db import create_engine, session_factory
 from app.store.migrate import upgrade_head
-from app.testing.fake_anthropic import FakeAnthropicServer, FakeBehaviour
+from eventgate_dev.fake_anthropic import FakeAnthropicServer, FakeBehaviour
 from tests.support import SnsFixture, free_port, reachable
 
 REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -66,6 +68,14 @@ def redis_prefix() -> Iterator[str]:
                 client.delete(*keys[start : start + 500])
         finally:
             client.close()
+
+
+@pytest.fixture
+async def redis(redis_url: str, redis_prefix: str) -> AsyncIterator[Redis]:
+    """An async client of this test's Redis; the test's keys go with ``redis_prefix``."""
+    client = connect_redis(redis_url)
+    yield client
+    await client.aclose()
 
 
 @pytest.fixture(scope="session")

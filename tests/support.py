@@ -172,6 +172,32 @@ class SnsFixture:
         return self.receive(url, expected=10_000, timeout=2)
 
 
+def gateway_env(
+    *,
+    config: Path,
+    redis_url: str,
+    redis_prefix: str,
+    database_url: str,
+    claude_url: str | None = None,
+    sns_endpoint: str | None = None,
+    **extra: str,
+) -> dict[str, str]:
+    """The environment of a gateway process on this test's Redis prefix and (migrated)
+    database, with Claude at ``claude_url`` and SNS at ``sns_endpoint`` when given."""
+    env = {
+        "EVENTGATE_CONFIG": str(config),
+        "EVENTGATE_REDIS_URL": redis_url,
+        "EVENTGATE_REDIS_PREFIX": redis_prefix,
+        "EVENTGATE_DATABASE_URL": database_url,
+        "EVENTGATE_AUTO_MIGRATE": "false",
+    }
+    if claude_url is not None:
+        env |= {"ANTHROPIC_BASE_URL": claude_url, "ANTHROPIC_API_KEY": "sk-ant-test-not-real"}
+    if sns_endpoint is not None:
+        env["AWS_ENDPOINT_URL_SNS"] = sns_endpoint
+    return env | extra
+
+
 class GatewayProcess:
     """`python -m app <role>` as a real process on a free port, logging JSON to a file."""
 

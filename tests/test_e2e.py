@@ -15,8 +15,15 @@ from sqlalchemy import select
 
 from app.store.db import create_engine, session_factory
 from app.store.models import EventRow, LlmCallRow, OutboxRow
-from app.testing.fake_anthropic import FakeAnthropicServer
-from tests.support import GatewayProcess, SnsFixture, gateway_config, github_request, issue_payload
+from eventgate_dev.fake_anthropic import FakeAnthropicServer
+from tests.support import (
+    GatewayProcess,
+    SnsFixture,
+    gateway_config,
+    gateway_env,
+    github_request,
+    issue_payload,
+)
 
 SECRET = "e2e-github-secret"
 
@@ -35,16 +42,17 @@ def gateway(
     config.write_text(gateway_config(sns.topic_arn))
     process = GatewayProcess(
         log_path=tmp_path / "gateway.log",
-        env={
-            "E2E_GITHUB_SECRET": SECRET,
-            "EVENTGATE_CONFIG": str(config),
-            "EVENTGATE_REDIS_URL": redis_url,
-            "EVENTGATE_REDIS_PREFIX": redis_prefix,
-            "EVENTGATE_DATABASE_URL": database_url,
-            "ANTHROPIC_BASE_URL": fake_claude.base_url,
-            "ANTHROPIC_API_KEY": "sk-ant-e2e-not-real",
-            "AWS_ENDPOINT_URL_SNS": moto_endpoint,
-        },
+        env=gateway_env(
+            config=config,
+            redis_url=redis_url,
+            redis_prefix=redis_prefix,
+            database_url=database_url,
+            claude_url=fake_claude.base_url,
+            sns_endpoint=moto_endpoint,
+            E2E_GITHUB_SECRET=SECRET,
+            EVENTGATE_AUTO_MIGRATE="true",  # as a gateway on its defaults does
+            ANTHROPIC_API_KEY="sk-ant-e2e-not-real",
+        ),
     )
     try:
         yield process.wait_ready().url

@@ -6,7 +6,7 @@ import time
 
 import httpx
 
-from app.testing.fake_anthropic import FakeAnthropicServer
+from eventgate_dev.fake_anthropic import FakeAnthropicServer
 
 
 def test_stats_count_requests(fake_claude: FakeAnthropicServer) -> None:

@@ -7,7 +7,8 @@ reset (on PostgreSQL it waits for the lock) and a failed XADD leaves the dead le
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TypeVar
 
 import structlog
 from redis.exceptions import RedisError
@@ -45,6 +46,8 @@ from app.store.repository import (
 )
 
 log = structlog.get_logger(__name__)
+R = TypeVar("R")
+T = TypeVar("T")
 
 
 class AdminService:
@@ -101,43 +104,52 @@ class AdminService:
     async def events(
         self, flt: EventFilter, *, limit: int, cursor: str | None
     ) -> Page[EventSummary]:
-        async with self.sessions() as session:
-            rows, total = await AdminRepository(session).events(
-                flt, limit=limit, after=decode_time_cursor(cursor)
-            )
-        last = rows[-1] if len(rows) == limit else None
-        return Page(
-            items=[views.summary(r) for r in rows],
-            total=total,
-            next_cursor=time_cursor(last.received_at, last.id) if last else None,
+        after = decode_time_cursor(cursor)
+        return await self._page(
+            lambda repo: repo.events(flt, limit=limit, after=after),
+            render=views.summary,
+            cursor_of=lambda row: time_cursor(row.received_at, row.id),
+            limit=limit,
         )
 
     async def llm_calls(
         self, flt: LlmCallFilter, *, limit: int, cursor: str | None
     ) -> Page[dict[str, object]]:
-        async with self.sessions() as session:
-            rows, total = await AdminRepository(session).llm_calls(
-                flt, limit=limit, after=decode_time_cursor(cursor)
-            )
-        last = rows[-1] if len(rows) == limit else None
-        return Page(
-            items=[views.llm_call(r) for r in rows],
-            total=total,
-            next_cursor=time_cursor(last.created_at, last.id) if last else None,
+        after = decode_time_cursor(cursor)
+        return await self._page(
+            lambda repo: repo.llm_calls(flt, limit=limit, after=after),
+            render=views.llm_call,
+            cursor_of=lambda row: time_cursor(row.created_at, row.id),
+            limit=limit,
         )
 
     async def dead_letters(
         self, flt: DeadLetterFilter, *, limit: int, cursor: str | None
     ) -> Page[DeadLetterOut]:
+        after = decode_id_cursor(cursor)
+        return await self._page(
+            lambda repo: repo.dead_letters(flt, limit=limit, after=after),
+            render=views.dead_letter,
+            cursor_of=lambda row: id_cursor(row.id),
+            limit=limit,
+        )
+
+    async def _page(
+        self,
+        fetch: Callable[[AdminRepository], Awaitable[tuple[Sequence[R], int]]],
+        *,
+        render: Callable[[R], T],
+        cursor_of: Callable[[R], str],
+        limit: int,
+    ) -> Page[T]:
+        """One page of a listing; the next page starts after the last row of a full one."""
         async with self.sessions() as session:
-            rows, total = await AdminRepository(session).dead_letters(
-                flt, limit=limit, after=decode_id_cursor(cursor)
-            )
-        last = rows[-1] if len(rows) == limit else None
+            rows, total = await fetch(AdminRepository(session))
+        last = rows[-1] if rows and len(rows) == limit else None
         return Page(
-            items=[views.dead_letter(r) for r in rows],
+            items=[render(row) for row in rows],
             total=total,
-            next_cursor=id_cursor(last.id) if last else None,
+            next_cursor=cursor_of(last) if last is not None else None,
         )
 
     async def replay(self, dead_letter_id: int) -> ReplayAccepted:

@@ -40,6 +40,7 @@ from app.observability.metrics import (
 from app.payloads import resolve_key
 from app.queue.backlog import BacklogMonitor
 from app.queue.batching import EventEnqueuer
+from app.queue.streams import NewEntry
 from app.redaction import NestingTooDeep, payload_to_json, redact_to_json
 from app.sources.admission import Body, BodyCheck
 from app.sources.base import AdapterDeps, Batch, Described, Headers, SourceAdapter
@@ -199,13 +200,15 @@ class IngestService:
                 detail = f"repeat {repeat.repeats} of an alert already sent to the LLM"
                 return EventOutcome(repeat.event_id, "collapsed", detail)
         result = await self.queue.enqueue(
-            event_id=event.id,
-            source=source.name,
-            delivery_id=event.delivery_id,
-            group_key=event.group_key,
-            data=data,
-            dedup_window_ms=source.dedup_window_ms,
-            replay_id=item.replay_id,
+            NewEntry(
+                event_id=event.id,
+                source=source.name,
+                delivery_id=event.delivery_id,
+                group_key=event.group_key,
+                data=data,
+                dedup_window_ms=source.dedup_window_ms,
+                replay_id=item.replay_id,
+            )
         )
         status = "queued" if result.created else "duplicate"
         if not result.created:

@@ -30,7 +30,7 @@ END_TO_END = Histogram(
     buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 300),
 )
 
-# Sources (issue 5): noise dropped before the LLM, and the per-tool group-id policy.
+# Sources: noise dropped before the LLM, alert collapse, and the per-tool group-id policy.
 EVENTS_FILTERED = Counter(
     "eventgate_events_filtered_total", "Events dropped by a source's filters", ["source", "reason"]
 )
@@ -53,7 +53,7 @@ DEDUP_HITS = Counter(
 RETENTION_DELETED = Counter(
     "eventgate_retention_deleted_total", "Rows deleted by the retention job", ["table"]
 )
-# LLM call discipline (issue 4).
+# Claude call discipline: breaker, spend, budgets, rate-limit waits.
 CIRCUIT_BREAKER_STATE = Gauge(
     "eventgate_circuit_breaker_state",
     "Circuit breaker per model: 0 closed, 1 half-open, 2 open",

@@ -8,32 +8,22 @@ import contextlib
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-_RENEW = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-return 0
-"""
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
+from app.leases import LeaseScripts, relay_lease_key
 
 
 class RelayLease:
     """One relay publishes at a time across all gateway processes."""
 
-    def __init__(self, redis: Redis, *, key: str, owner: str, ttl_ms: int = 15_000) -> None:
+    def __init__(self, redis: Redis, *, prefix: str, owner: str, ttl_ms: int = 15_000) -> None:
         self.redis = redis
-        self.key = key
+        self.key = relay_lease_key(prefix)
         self.owner = owner
         self.ttl_ms = ttl_ms
-        self._renew = redis.register_script(_RENEW)
-        self._release = redis.register_script(_RELEASE)
+        self._scripts = LeaseScripts(redis)
 
     async def hold(self) -> bool:
         try:
-            if await self._renew(keys=[self.key], args=[self.owner, self.ttl_ms]):
+            if await self._scripts.renew(self.key, holder=self.owner, ttl_ms=self.ttl_ms):
                 return True
             return bool(await self.redis.set(self.key, self.owner, nx=True, px=self.ttl_ms))
         except (RedisError, OSError):
@@ -41,7 +31,7 @@ class RelayLease:
 
     async def release(self) -> None:
         with contextlib.suppress(RedisError, OSError):  # it expires by itself
-            await self._release(keys=[self.key], args=[self.owner])
+            await self._scripts.release(self.key, holder=self.owner)
 
 
 class PublishedMemory:

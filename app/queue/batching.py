@@ -26,23 +26,13 @@ from typing import Any, Protocol
 
 from redis.exceptions import NoScriptError
 
-from app.queue.streams import ENQUEUE, EnqueueResult, EventQueue
+from app.queue.streams import ENQUEUE, EnqueueResult, EventQueue, NewEntry
 
 
 class EventEnqueuer(Protocol):
     """What ingest needs from the queue: ``EventQueue`` itself, or an ``EnqueueBatcher``."""
 
-    async def enqueue(
-        self,
-        *,
-        event_id: str,
-        source: str,
-        delivery_id: str,
-        group_key: str,
-        data: bytes,
-        dedup_window_ms: int,
-        replay_id: str | None = None,
-    ) -> EnqueueResult: ...
+    async def enqueue(self, entry: NewEntry) -> EnqueueResult: ...
 
 
 @dataclass(slots=True)
@@ -62,31 +52,15 @@ class EnqueueBatcher:
         self._pending: list[_Pending] = []
         self._flusher: asyncio.Task[None] | None = None
 
-    async def enqueue(
-        self,
-        *,
-        event_id: str,
-        source: str,
-        delivery_id: str,
-        group_key: str,
-        data: bytes,
-        dedup_window_ms: int,
-        replay_id: str | None = None,
-    ) -> EnqueueResult:
+    async def enqueue(self, entry: NewEntry) -> EnqueueResult:
         queue = self.queue
-        partition = queue.partition_of(group_key)
+        partition = queue.partition_of(entry.group_key)
         future: asyncio.Future[EnqueueResult] = asyncio.get_running_loop().create_future()
         self._pending.append(
             _Pending(
                 partition=partition,
-                keys=queue.enqueue_keys(
-                    partition,
-                    source=source,
-                    delivery_id=delivery_id,
-                    replay_id=replay_id,
-                    event_id=event_id,
-                ),
-                args=(event_id, dedup_window_ms, data),
+                keys=queue.enqueue_keys(partition, entry),
+                args=(entry.event_id, entry.dedup_window_ms, entry.data),
                 future=future,
             )
         )

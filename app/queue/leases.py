@@ -35,15 +35,10 @@ import structlog
 from redis.asyncio import Redis
 
 from app.faults import LeaseLost
+from app.leases import LeaseScripts, members_key, partition_epoch_key, partition_lease_key
 
 log = structlog.get_logger(__name__)
 
-_RENEW = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-return 0
-"""
 # The epoch never goes back, even when Redis lost its data (restarted empty): it is at least
 # Redis's clock in milliseconds, so the database can keep fencing by it.
 _ACQUIRE = """
@@ -58,10 +53,6 @@ end
 local token = ARGV[1] .. ':' .. string.format('%d', epoch)
 redis.call('SET', KEYS[1], token, 'PX', ARGV[2])
 return token
-"""
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
 """
 
 
@@ -101,19 +92,18 @@ class PartitionLeases:
         self._confirmed: dict[int, float] = {}
         self.share = partitions
         self._lock = asyncio.Lock()
-        self._renew = redis.register_script(_RENEW)
+        self._scripts = LeaseScripts(redis)
         self._acquire = redis.register_script(_ACQUIRE)
-        self._release_script = redis.register_script(_RELEASE)
 
     @property
     def members_key(self) -> str:
-        return f"{self.prefix}:members"
+        return members_key(self.prefix)
 
     def lease_key(self, partition: int) -> str:
-        return f"{self.prefix}:{{p{partition}}}:lease"
+        return partition_lease_key(self.prefix, partition)
 
     def epoch_key(self, partition: int) -> str:
-        return f"{self.prefix}:{{p{partition}}}:epoch"
+        return partition_epoch_key(self.prefix, partition)
 
     def owned(self) -> list[int]:
         return sorted(self.tokens)
@@ -137,7 +127,9 @@ class PartitionLeases:
         await self.redis.zadd(self.members_key, {self.owner: int(time.time() * 1000)})
         for partition, token in list(self.tokens.items()):
             sent = time.monotonic()
-            if await self._renew(keys=[self.lease_key(partition)], args=[token, self.ttl_ms]):
+            if await self._scripts.renew(
+                self.lease_key(partition), holder=token, ttl_ms=self.ttl_ms
+            ):
                 self._confirmed[partition] = sent
             else:
                 del self.tokens[partition]
@@ -233,7 +225,7 @@ class PartitionLeases:
         token = self.tokens.pop(partition, None)
         self._confirmed.pop(partition, None)
         if token is not None:
-            await self._release_script(keys=[self.lease_key(partition)], args=[token])
+            await self._scripts.release(self.lease_key(partition), holder=token)
 
 
 def epoch_of(token: str) -> int:

@@ -14,6 +14,8 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
+from app.leases import partition_lease_key
+
 GROUP = b"eventgate"
 
 # Dedup and enqueue in one atomic step, for one event or a batch (the one enqueue script: the
@@ -64,6 +66,22 @@ class StreamEntry:
 
 
 @dataclass(frozen=True, slots=True)
+class NewEntry:
+    """One event to put on its partition's stream (the partition of its group key), unless
+    it is a duplicate: its ``delivery_id`` and ``replay_id`` (a second identity: a digest of
+    what its signature covers, when the delivery id is not signed) are remembered for
+    ``dedup_window_ms``, and a match on either is a duplicate."""
+
+    event_id: str
+    source: str
+    delivery_id: str
+    group_key: str
+    data: bytes
+    dedup_window_ms: int
+    replay_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class EnqueueResult:
     event_id: str
     created: bool
@@ -98,16 +116,15 @@ class EventQueue:
     def queued_marker_key(self, partition: int, event_id: str) -> str:
         return f"{self.prefix}:{{p{partition}}}:queued:{event_id}"
 
-    def enqueue_keys(
-        self, partition: int, *, source: str, delivery_id: str, replay_id: str | None, event_id: str
-    ) -> tuple[str, str, str, str]:
+    def enqueue_keys(self, partition: int, entry: NewEntry) -> tuple[str, str, str, str]:
         """The KEYS of one event for ``ENQUEUE``; all in the partition's hash tag."""
-        dedup = self.dedup_key(partition, source, delivery_id)
+        dedup = self.dedup_key(partition, entry.source, entry.delivery_id)
+        replay = entry.replay_id
         return (
             dedup,
-            dedup if replay_id is None else self.replay_key(partition, source, replay_id),
+            dedup if replay is None else self.replay_key(partition, entry.source, replay),
             self.stream_key(partition),
-            self.queued_marker_key(partition, event_id),
+            self.queued_marker_key(partition, entry.event_id),
         )
 
     async def is_queued(self, event_id: str) -> bool:
@@ -118,29 +135,11 @@ class EventQueue:
             found = await pipe.execute()
         return any(found)
 
-    async def enqueue(
-        self,
-        *,
-        event_id: str,
-        source: str,
-        delivery_id: str,
-        group_key: str,
-        data: bytes,
-        dedup_window_ms: int,
-        replay_id: str | None = None,
-    ) -> EnqueueResult:
-        """One event, one Lua call. ``replay_id`` is a second identity of the delivery (a
-        digest of what its signature covers): a match on it is a duplicate too."""
-        partition = self.partition_of(group_key)
-        keys = self.enqueue_keys(
-            partition,
-            source=source,
-            delivery_id=delivery_id,
-            replay_id=replay_id,
-            event_id=event_id,
-        )
+    async def enqueue(self, entry: NewEntry) -> EnqueueResult:
+        """One event, one Lua call."""
+        keys = self.enqueue_keys(self.partition_of(entry.group_key), entry)
         created, stored_id = await self._enqueue(
-            keys=list(keys), args=[event_id, dedup_window_ms, data]
+            keys=list(keys), args=[entry.event_id, entry.dedup_window_ms, entry.data]
         )
         return EnqueueResult(
             stored_id.decode() if isinstance(stored_id, bytes) else stored_id, bool(created)
@@ -238,7 +237,7 @@ class EventQueue:
             keys=[
                 self.stream_key(entry.partition),
                 self.queued_marker_key(entry.partition, event_id),
-                f"{self.prefix}:{{p{entry.partition}}}:lease",
+                partition_lease_key(self.prefix, entry.partition),
                 self.failures_key(entry.partition),
             ],
             args=[GROUP, entry.entry_id, token or ""],

@@ -10,7 +10,7 @@ import orjson
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.queue.connection import connect_redis
-from app.queue.streams import EventQueue
+from app.queue.streams import EventQueue, NewEntry
 from app.store.models import DeadLetterRow, EventRow, LlmCallRow, OutboxRow
 from tests.admin.conftest import GatewayFactory
 
@@ -162,12 +162,14 @@ async def test_an_event_still_on_the_stream_is_reported_queued(
         redis = connect_redis(redis_url)
         queue = EventQueue(redis, prefix=redis_prefix, partitions=4)
         await queue.enqueue(
-            event_id="evt_waiting",
-            source="github",
-            delivery_id="d-waiting",
-            group_key="acme/api",
-            data=b"{}",
-            dedup_window_ms=60_000,
+            NewEntry(
+                event_id="evt_waiting",
+                source="github",
+                delivery_id="d-waiting",
+                group_key="acme/api",
+                data=b"{}",
+                dedup_window_ms=60_000,
+            )
         )
         await redis.aclose()
         async with httpx.AsyncClient(base_url=server.url, headers=auth) as client:

@@ -11,7 +11,7 @@ import httpx
 import orjson
 
 from app.publish.ids import deduplication_id
-from app.testing.fake_anthropic import FakeAnthropicServer
+from eventgate_dev.fake_anthropic import FakeAnthropicServer
 from tests.admin.conftest import GITHUB_SECRET, GatewayFactory
 from tests.support import SnsFixture, github_request, issue_payload
 

@@ -15,7 +15,7 @@ import yaml
 from app.cli import app as cli_app
 from app.config import builtin_config_text, load_config
 from app.settings import Settings
-from app.testing.sns_dev import QUEUE, TOPICS
+from eventgate_dev.sns_dev import QUEUE, TOPICS
 
 ROOT = Path(__file__).resolve().parents[2]
 GATEWAYS = ("gateway-1", "gateway-2")

@@ -6,7 +6,7 @@ import boto3
 import orjson
 import pytest
 
-from app.testing import sns_dev
+from eventgate_dev import sns_dev
 
 
 def test_init_is_idempotent_and_the_subscriber_prints_what_arrives(

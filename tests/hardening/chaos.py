@@ -32,9 +32,16 @@ from sqlalchemy import func, select
 
 from app.store.db import create_engine, session_factory
 from app.store.models import DeadLetterRow, EventRow, LlmCallRow
-from app.testing.fake_anthropic import FakeAnthropicServer
+from eventgate_dev.fake_anthropic import FakeAnthropicServer
 from tests.hardening.faults import PrivateRedis
-from tests.support import GatewayProcess, SnsFixture, gateway_config, github_request, issue_payload
+from tests.support import (
+    GatewayProcess,
+    SnsFixture,
+    gateway_config,
+    gateway_env,
+    github_request,
+    issue_payload,
+)
 
 SECRET = "chaos-github-secret-000001"
 
@@ -161,21 +168,19 @@ class ChaosRun:
         self._starts += 1
         return GatewayProcess(
             log_path=self.workdir / f"gw{self._starts}.log",
-            env={
-                "EVENTGATE_CONFIG": str(self.config),
-                "EVENTGATE_REDIS_URL": self.redis.url,
-                "EVENTGATE_REDIS_PREFIX": self.prefix,
-                "EVENTGATE_DATABASE_URL": self.database_url,
-                "EVENTGATE_AUTO_MIGRATE": "false",
-                "EVENTGATE_LEASE_TTL_MS": str(self.plan.lease_ttl_ms),
-                "EVENTGATE_LLM_MAX_CONCURRENCY": "8",
-                "EVENTGATE_LLM_TIMEOUT_SECONDS": "5",
-                "EVENTGATE_SHUTDOWN_GRACE_SECONDS": "3",
-                "EVENTGATE_RELAY_POLL_SECONDS": "0.5",
-                "ANTHROPIC_BASE_URL": self.fake.base_url,
-                "ANTHROPIC_API_KEY": "sk-ant-chaos-not-real",
-                "AWS_ENDPOINT_URL_SNS": self.moto,
-            },
+            env=gateway_env(
+                config=self.config,
+                redis_url=self.redis.url,
+                redis_prefix=self.prefix,
+                database_url=self.database_url,
+                claude_url=self.fake.base_url,
+                sns_endpoint=self.moto,
+                EVENTGATE_LEASE_TTL_MS=str(self.plan.lease_ttl_ms),
+                EVENTGATE_LLM_MAX_CONCURRENCY="8",
+                EVENTGATE_LLM_TIMEOUT_SECONDS="5",
+                EVENTGATE_SHUTDOWN_GRACE_SECONDS="3",
+                EVENTGATE_RELAY_POLL_SECONDS="0.5",
+            ),
         )
 
     async def _send_with_chaos(self) -> dict[str, list[str]]:

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from app.testing.fake_anthropic import FakeAnthropicServer
-from tests.support import GatewayProcess, SnsFixture, gateway_config
+from eventgate_dev.fake_anthropic import FakeAnthropicServer
+from tests.support import GatewayProcess, SnsFixture, gateway_config, gateway_env
 
 # Distinctive secrets: a test greps every log line, audit row and error body for them.
 WEBHOOK_SECRET = "hardening-webhook-secret-7f3a9c"
@@ -39,22 +39,21 @@ def start_gateway(
     ) -> GatewayProcess:
         process = GatewayProcess(
             log_path=tmp_path / f"{name}.log",
-            env={
-                "HARDENING_SECRET": WEBHOOK_SECRET,
-                "EVENTGATE_CONFIG": str(config),
-                "EVENTGATE_REDIS_URL": redis_url,
-                "EVENTGATE_REDIS_PREFIX": redis_prefix,
-                "EVENTGATE_DATABASE_URL": database_url,
-                "EVENTGATE_AUTO_MIGRATE": "false",
-                "EVENTGATE_LEASE_TTL_MS": "2000",
-                "EVENTGATE_RELAY_POLL_SECONDS": "0.5",
-                "ANTHROPIC_BASE_URL": fake_claude.base_url,
-                "ANTHROPIC_API_KEY": ANTHROPIC_KEY,
-                "AWS_ACCESS_KEY_ID": AWS_KEY_ID,
-                "AWS_SECRET_ACCESS_KEY": AWS_SECRET,
-                "AWS_ENDPOINT_URL_SNS": sns_endpoint or moto_endpoint,
+            env=gateway_env(
+                config=config,
+                redis_url=redis_url,
+                redis_prefix=redis_prefix,
+                database_url=database_url,
+                claude_url=fake_claude.base_url,
+                sns_endpoint=sns_endpoint or moto_endpoint,
+                HARDENING_SECRET=WEBHOOK_SECRET,
+                EVENTGATE_LEASE_TTL_MS="2000",
+                EVENTGATE_RELAY_POLL_SECONDS="0.5",
+                ANTHROPIC_API_KEY=ANTHROPIC_KEY,
+                AWS_ACCESS_KEY_ID=AWS_KEY_ID,
+                AWS_SECRET_ACCESS_KEY=AWS_SECRET,
                 **{k.upper(): str(v) for k, v in env.items()},
-            },
+            ),
         )
         started.append(process)
         return process

@@ -21,7 +21,7 @@ from app.queue.connection import connect_redis
 from app.queue.streams import EventQueue
 from app.settings import Settings
 from app.state import Running, Shared
-from app.testing.fake_anthropic import FakeAnthropicServer
+from eventgate_dev.fake_anthropic import FakeAnthropicServer
 from tests.conftest import HAVE_POSTGRES
 from tests.support import ServerThread, SnsFixture, gateway_config, github_request, issue_payload
 

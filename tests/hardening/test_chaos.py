@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from app.testing.fake_anthropic import FakeAnthropicServer
+from eventgate_dev.fake_anthropic import FakeAnthropicServer
 from tests.conftest import HAVE_POSTGRES
 from tests.hardening.chaos import ChaosPlan, ChaosRun
 from tests.support import SnsFixture

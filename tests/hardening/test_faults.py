@@ -21,7 +21,7 @@ from sqlalchemy import select
 
 from app.store.db import create_engine, session_factory
 from app.store.models import EventRow
-from app.testing.fake_anthropic import FakeAnthropicServer
+from eventgate_dev.fake_anthropic import FakeAnthropicServer
 from tests.conftest import HAVE_POSTGRES
 from tests.hardening.conftest import WEBHOOK_SECRET
 from tests.hardening.faults import FaultProxy, PrivateRedis

@@ -24,7 +24,7 @@ from app.main import create_app
 from app.settings import Settings
 from app.store.db import create_engine, session_factory
 from app.store.models import DeadLetterRow, EventRow, LlmCallRow, OutboxRow
-from app.testing.fake_anthropic import FakeAnthropicServer
+from eventgate_dev.fake_anthropic import FakeAnthropicServer
 from tests.hardening.conftest import AWS_KEY_ID, AWS_SECRET, WEBHOOK_SECRET
 from tests.support import ServerThread, SnsFixture, gateway_config, github_request, issue_payload
 

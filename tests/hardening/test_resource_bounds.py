@@ -16,7 +16,7 @@ from app.events import Event
 from app.main import create_app
 from app.queue.connection import connect_redis
 from app.queue.leases import LeaseGuard, PartitionLeases
-from app.queue.streams import GROUP, EventQueue
+from app.queue.streams import GROUP, EventQueue, NewEntry
 from app.queue.worker import QueueWorker
 from app.settings import Settings
 from tests.support import ServerThread, github_request, issue_payload
@@ -74,9 +74,9 @@ async def test_a_worker_reads_no_more_than_its_buffer(redis_url: str, redis_pref
         event = Event(id=f"evt_{n}", source="s", type="t", group_key=f"k{n % 50}",
                       delivery_id=str(uuid.uuid4()), pipeline="p",
                       received_at="2026-01-01T00:00:00Z", payload={"n": n})  # fmt: skip
-        await queue.enqueue(event_id=event.id, source="s", delivery_id=event.delivery_id,
+        await queue.enqueue(NewEntry(event_id=event.id, source="s", delivery_id=event.delivery_id,
                             group_key=event.group_key, data=event.to_bytes(),
-                            dedup_window_ms=60_000)  # fmt: skip
+                            dedup_window_ms=60_000))  # fmt: skip
     gate = asyncio.Event()
     done: list[str] = []
 

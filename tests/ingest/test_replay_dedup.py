@@ -25,7 +25,7 @@ from app.config import parse_config
 from app.main import create_app
 from app.queue.batching import EnqueueBatcher
 from app.queue.connection import connect_redis
-from app.queue.streams import EnqueueResult, EventQueue
+from app.queue.streams import EnqueueResult, EventQueue, NewEntry
 from app.settings import Settings
 from tests.support import ServerThread, github_request, issue_payload
 
@@ -183,13 +183,15 @@ async def test_the_queue_dedups_on_either_identity(queue: EventQueue, batched: b
 
     async def enqueue(event_id: str, delivery: str, replay: str | None) -> EnqueueResult:
         return await enqueuer.enqueue(
-            event_id=event_id,
-            source="github",
-            delivery_id=delivery,
-            group_key="acme/api",
-            data=orjson.dumps({"id": event_id}),
-            dedup_window_ms=60_000,
-            replay_id=replay,
+            NewEntry(
+                event_id=event_id,
+                source="github",
+                delivery_id=delivery,
+                group_key="acme/api",
+                data=orjson.dumps({"id": event_id}),
+                dedup_window_ms=60_000,
+                replay_id=replay,
+            )
         )
 
     assert await enqueue("evt_1", "d1", "sig-a") == EnqueueResult("evt_1", True)

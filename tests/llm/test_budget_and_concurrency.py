@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.llm.client import ClaudeClient
 from app.observability.metrics import LLM_BUDGET_REMAINING
-from app.testing.fake_anthropic import FakeAnthropicServer
+from eventgate_dev.fake_anthropic import FakeAnthropicServer
 from tests.llm.harness import BASE, Script, build, config_text, make_event, reply
 
 USAGE = {"input_tokens": 600, "output_tokens": 100}

@@ -10,7 +10,7 @@ import socket
 import pytest
 
 from app.llm.client import ClaudeClient, ClaudeError, ClaudeRequest
-from app.testing.fake_anthropic import FakeAnthropicServer
+from eventgate_dev.fake_anthropic import FakeAnthropicServer
 
 REQUEST = ClaudeRequest(
     model="claude-sonnet-4-6",

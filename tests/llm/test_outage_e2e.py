@@ -18,7 +18,7 @@ from app.main import create_app
 from app.settings import Settings
 from app.store.db import create_engine, session_factory
 from app.store.models import LlmCallRow
-from app.testing.fake_anthropic import FakeAnthropicServer
+from eventgate_dev.fake_anthropic import FakeAnthropicServer
 from tests.support import ServerThread, SnsFixture, gateway_config, github_request, issue_payload
 
 SECRET = "outage-github-secret"

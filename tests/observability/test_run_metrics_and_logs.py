@@ -11,7 +11,7 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.testing.fake_anthropic import FakeAnthropicServer
+from eventgate_dev.fake_anthropic import FakeAnthropicServer
 from tests.admin.conftest import ADMIN_TOKEN, GITHUB_SECRET, GatewayFactory
 from tests.support import SnsFixture, github_request, issue_payload
 

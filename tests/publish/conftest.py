@@ -1,4 +1,4 @@
-"""Clients shared by the relay tests: an aioboto3 SNS client on moto and a Redis client."""
+"""An aioboto3 SNS client on moto, shared by the relay tests."""
 
 from __future__ import annotations
 
@@ -6,9 +6,7 @@ from collections.abc import AsyncIterator
 
 import aioboto3
 import pytest
-from redis.asyncio import Redis
 
-from app.queue.connection import connect_redis
 from tests.support import SnsFixture
 
 
@@ -18,10 +16,3 @@ async def sns_client(sns: SnsFixture, moto_endpoint: str) -> AsyncIterator[objec
         "sns", region_name="us-east-1", endpoint_url=moto_endpoint
     ) as client:
         yield client
-
-
-@pytest.fixture
-async def redis(redis_url: str) -> AsyncIterator[Redis]:
-    client = connect_redis(redis_url)
-    yield client
-    await client.aclose()

@@ -10,6 +10,7 @@ import orjson
 from redis.asyncio import Redis
 from sqlalchemy import select
 
+from app.leases import relay_lease_key
 from app.publish.coordination import PublishedMemory, RelayLease
 from app.publish.ids import deduplication_id
 from app.publish.relay import OutboxRelay
@@ -112,9 +113,8 @@ async def test_remembered_dedup_id_is_marked_not_republished(
 
 
 async def test_only_one_relay_holds_the_lease(redis: Redis, redis_prefix: str) -> None:
-    key = f"{redis_prefix}:relay-lease"
-    first = RelayLease(redis, key=key, owner="one", ttl_ms=5000)
-    second = RelayLease(redis, key=key, owner="two", ttl_ms=5000)
+    first = RelayLease(redis, prefix=redis_prefix, owner="one", ttl_ms=5000)
+    second = RelayLease(redis, prefix=redis_prefix, owner="two", ttl_ms=5000)
     assert await first.hold()
     assert not await second.hold()
     assert await first.hold()  # renewal
@@ -167,13 +167,13 @@ async def test_relay_stops_publishing_once_another_holds_the_lease(
     sessions: Sessions, sns: SnsFixture, sns_client: object, redis: Redis, redis_prefix: str
 ) -> None:
     await add_event(sessions, "evt_l", "acme/l", 1, sns.topic_arn)
-    key = f"{redis_prefix}:relay-lease"
+    key = relay_lease_key(redis_prefix)
     await redis.set(key, "someone-else", px=5000)
     publisher = RecordingPublisher(SnsPublisher(sns_client), {})
     relay = OutboxRelay(
         sessions=sessions,
         publisher=publisher,
-        lease=RelayLease(redis, key=key, owner="me"),
+        lease=RelayLease(redis, prefix=redis_prefix, owner="me"),
         memory=None,
         poll_seconds=0.05,
     )

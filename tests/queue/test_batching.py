@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import orjson
 import pytest
@@ -12,20 +11,10 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from app.queue.batching import EnqueueBatcher
 from app.queue.connection import connect_redis
-from app.queue.streams import EnqueueResult, EventQueue
+from app.queue.streams import EnqueueResult, EventQueue, NewEntry
 from tests.support import free_port
 
 WINDOW_MS = 60_000
-
-
-@pytest.fixture
-async def redis(redis_url: str, redis_prefix: str) -> AsyncIterator[Redis]:
-    client = connect_redis(redis_url)
-    yield client
-    keys = [key async for key in client.scan_iter(match=f"{redis_prefix}:*")]
-    if keys:
-        await client.delete(*keys)
-    await client.aclose()
 
 
 @pytest.fixture
@@ -38,12 +27,14 @@ def _enqueue(
 ) -> asyncio.Future[EnqueueResult]:
     return asyncio.ensure_future(
         batcher.enqueue(
-            event_id=event_id,
-            source="github",
-            delivery_id=delivery or f"d-{event_id}",
-            group_key=key,
-            data=orjson.dumps({"id": event_id, "key": key}),
-            dedup_window_ms=WINDOW_MS,
+            NewEntry(
+                event_id=event_id,
+                source="github",
+                delivery_id=delivery or f"d-{event_id}",
+                group_key=key,
+                data=orjson.dumps({"id": event_id, "key": key}),
+                dedup_window_ms=WINDOW_MS,
+            )
         )
     )
 
@@ -94,12 +85,14 @@ async def test_duplicate_across_batches_and_of_a_single_enqueue(queue: EventQueu
     )
     # Same keys and script semantics as EventQueue.enqueue: each sees the other's deliveries.
     single = await queue.enqueue(
-        event_id="evt_c",
-        source="github",
-        delivery_id="d2",
-        group_key="k",
-        data=b"{}",
-        dedup_window_ms=WINDOW_MS,
+        NewEntry(
+            event_id="evt_c",
+            source="github",
+            delivery_id="d2",
+            group_key="k",
+            data=b"{}",
+            dedup_window_ms=WINDOW_MS,
+        )
     )
     assert single == EnqueueResult("evt_c", True)
     assert await _enqueue(batcher, event_id="evt_d", key="k", delivery="d2") == EnqueueResult(

@@ -4,24 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
 
-from app.queue.connection import connect_redis
 from app.queue.leases import PartitionLeases
-from app.queue.streams import EventQueue, StreamEntry
-
-
-@pytest.fixture
-async def redis(redis_url: str, redis_prefix: str) -> AsyncIterator[Redis]:
-    client = connect_redis(redis_url)
-    yield client
-    keys = [k async for k in client.scan_iter(match=f"{redis_prefix}:*")]
-    if keys:
-        await client.delete(*keys)
-    await client.aclose()
+from app.queue.streams import EventQueue, NewEntry, StreamEntry
 
 
 def _leases(redis: Redis, prefix: str, owner: str, ttl_ms: int = 600) -> PartitionLeases:
@@ -89,12 +77,14 @@ async def test_ack_is_fenced_by_the_lease_token(redis: Redis, redis_prefix: str)
     queue = EventQueue(redis, prefix=redis_prefix, partitions=8)
     a, b = _leases(redis, redis_prefix, "a"), _leases(redis, redis_prefix, "b")
     await queue.enqueue(
-        event_id="e1",
-        source="s",
-        delivery_id="d1",
-        group_key="k",
-        data=b"{}",
-        dedup_window_ms=60_000,
+        NewEntry(
+            event_id="e1",
+            source="s",
+            delivery_id="d1",
+            group_key="k",
+            data=b"{}",
+            dedup_window_ms=60_000,
+        )
     )
     partition = queue.partition_of("k")
     await queue.ensure_groups([partition])
@@ -118,12 +108,14 @@ async def test_consumers_that_left_nothing_pending_are_forgotten(
     await queue.ensure_groups([0])
     for n in range(2):
         await queue.enqueue(
-            event_id=f"e{n}",
-            source="s",
-            delivery_id=f"d{n}",
-            group_key="k",
-            data=b"{}",
-            dedup_window_ms=60_000,
+            NewEntry(
+                event_id=f"e{n}",
+                source="s",
+                delivery_id=f"d{n}",
+                group_key="k",
+                data=b"{}",
+                dedup_window_ms=60_000,
+            )
         )
     [first] = await queue.read_new(consumer="gone-idle", partitions=[0], count=1, block_ms=10)
     await queue.ack(first, "e0")

@@ -17,9 +17,16 @@ from sqlalchemy import func, select
 
 from app.store.db import create_engine, session_factory
 from app.store.models import EventRow
-from app.testing.fake_anthropic import FakeAnthropicServer
+from eventgate_dev.fake_anthropic import FakeAnthropicServer
 from tests.conftest import HAVE_POSTGRES, HAVE_REDIS, REDIS_URL
-from tests.support import GatewayProcess, SnsFixture, gateway_config, github_request, issue_payload
+from tests.support import (
+    GatewayProcess,
+    SnsFixture,
+    gateway_config,
+    gateway_env,
+    github_request,
+    issue_payload,
+)
 
 pytestmark = pytest.mark.skipif(
     not (HAVE_REDIS and HAVE_POSTGRES),
@@ -44,20 +51,18 @@ def start_gateway(
     def start(name: str, **env: str) -> GatewayProcess:
         process = GatewayProcess(
             log_path=tmp_path / f"{name}.log",
-            env={
-                "E2E_GITHUB_SECRET": SECRET,
-                "EVENTGATE_CONFIG": str(config),
-                "EVENTGATE_REDIS_URL": REDIS_URL,
-                "EVENTGATE_REDIS_PREFIX": redis_prefix,
-                "EVENTGATE_DATABASE_URL": database_url,
-                "EVENTGATE_AUTO_MIGRATE": "false",
-                "EVENTGATE_LLM_MAX_CONCURRENCY": "8",
-                "EVENTGATE_SHUTDOWN_GRACE_SECONDS": "10",
-                "ANTHROPIC_BASE_URL": fake_claude.base_url,
-                "ANTHROPIC_API_KEY": "sk-ant-mp",
-                "AWS_ENDPOINT_URL_SNS": moto_endpoint,
+            env=gateway_env(
+                config=config,
+                redis_url=REDIS_URL,
+                redis_prefix=redis_prefix,
+                database_url=database_url,
+                claude_url=fake_claude.base_url,
+                sns_endpoint=moto_endpoint,
+                E2E_GITHUB_SECRET=SECRET,
+                EVENTGATE_LLM_MAX_CONCURRENCY="8",
+                EVENTGATE_SHUTDOWN_GRACE_SECONDS="10",
                 **env,
-            },
+            ),
         )
         started.append(process)
         return process

@@ -13,7 +13,7 @@ from app.cli import GC_YOUNG_THRESHOLD, tune_gc
 from app.config import load_config
 from app.main import create_app
 from app.settings import Settings
-from app.testing.fake_anthropic import FakeAnthropicServer
+from eventgate_dev.fake_anthropic import FakeAnthropicServer
 from tests.support import ServerThread
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from app.queue.connection import connect_redis
-from app.queue.streams import EventQueue
+from app.queue.streams import EventQueue, NewEntry
 
 
 async def test_oldest_age_follows_the_first_unacked_entry(
@@ -16,21 +16,25 @@ async def test_oldest_age_follows_the_first_unacked_entry(
     try:
         assert (await queue.backlog())[1] == 0.0
         await queue.enqueue(
-            event_id="evt_old",
-            source="github",
-            delivery_id="d1",
-            group_key="acme/api",
-            data=b"{}",
-            dedup_window_ms=60_000,
+            NewEntry(
+                event_id="evt_old",
+                source="github",
+                delivery_id="d1",
+                group_key="acme/api",
+                data=b"{}",
+                dedup_window_ms=60_000,
+            )
         )
         await asyncio.sleep(0.3)
         await queue.enqueue(
-            event_id="evt_new",
-            source="github",
-            delivery_id="d2",
-            group_key="acme/web",
-            data=b"{}",
-            dedup_window_ms=60_000,
+            NewEntry(
+                event_id="evt_new",
+                source="github",
+                delivery_id="d2",
+                group_key="acme/web",
+                data=b"{}",
+                dedup_window_ms=60_000,
+            )
         )
         age = (await queue.backlog())[1]
         assert 0.25 <= age < 30

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
 import pytest
@@ -18,19 +17,9 @@ from app.events import Event
 from app.queue.connection import connect_redis
 from app.queue.dispatcher import KeyOrderedDispatcher
 from app.queue.leases import LeaseGuard, PartitionLeases
-from app.queue.streams import GROUP, EventQueue
+from app.queue.streams import GROUP, EventQueue, NewEntry
 from app.queue.worker import QueueWorker
 from app.supervision import Supervisor
-
-
-@pytest.fixture
-async def redis(redis_url: str, redis_prefix: str) -> AsyncIterator[Redis]:
-    client = connect_redis(redis_url)
-    yield client
-    keys = [k async for k in client.scan_iter(match=f"{redis_prefix}:*")]
-    if keys:
-        await client.delete(*keys)
-    await client.aclose()
 
 
 def _event(n: int, key: str) -> Event:
@@ -48,12 +37,14 @@ def _event(n: int, key: str) -> Event:
 
 async def _enqueue(queue: EventQueue, event: Event) -> None:
     await queue.enqueue(
-        event_id=event.id,
-        source=event.source,
-        delivery_id=event.delivery_id,
-        group_key=event.group_key,
-        data=event.to_bytes(),
-        dedup_window_ms=60_000,
+        NewEntry(
+            event_id=event.id,
+            source=event.source,
+            delivery_id=event.delivery_id,
+            group_key=event.group_key,
+            data=event.to_bytes(),
+            dedup_window_ms=60_000,
+        )
     )
 
 

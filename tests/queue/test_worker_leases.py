@@ -4,29 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
-import pytest
 from redis.asyncio import Redis
 
 from app.events import Event
-from app.queue.connection import connect_redis
 from app.queue.leases import LeaseGuard, PartitionLeases
-from app.queue.streams import EventQueue
+from app.queue.streams import EventQueue, NewEntry
 from app.queue.worker import QueueWorker
 from app.supervision import Supervisor
-
-
-@pytest.fixture
-async def redis(redis_url: str, redis_prefix: str) -> AsyncIterator[Redis]:
-    client = connect_redis(redis_url)
-    yield client
-    keys = [k async for k in client.scan_iter(match=f"{redis_prefix}:*")]
-    if keys:
-        await client.delete(*keys)
-    await client.aclose()
 
 
 async def _never_gives_up(event: Event, reason: str) -> None:
@@ -46,12 +33,14 @@ async def _enqueue(queue: EventQueue, count: int, *, keys: int) -> None:
             payload={},
         )
         await queue.enqueue(
-            event_id=event.id,
-            source="s",
-            delivery_id=event.delivery_id,
-            group_key=event.group_key,
-            data=event.to_bytes(),
-            dedup_window_ms=60_000,
+            NewEntry(
+                event_id=event.id,
+                source="s",
+                delivery_id=event.delivery_id,
+                group_key=event.group_key,
+                data=event.to_bytes(),
+                dedup_window_ms=60_000,
+            )
         )
 
 

@@ -24,7 +24,7 @@ from app.main import create_app
 from app.settings import Settings
 from app.store.db import create_engine, session_factory
 from app.store.models import EventRow
-from app.testing.fake_anthropic import FakeAnthropicServer, default_answer
+from eventgate_dev.fake_anthropic import FakeAnthropicServer, default_answer
 from tests.support import ServerThread, gateway_config, github_request, issue_payload
 
 GITHUB_SECRET = "redaction-github-secret"

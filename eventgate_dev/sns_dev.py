@@ -1,7 +1,7 @@
 """The compose stack's SNS side, run from the eventgate image against an SNS/SQS emulator.
 
-    python -m app.testing.sns_dev init        # FIFO topics + one SQS FIFO queue subscribed
-    python -m app.testing.sns_dev subscribe   # print every message that arrives
+    python -m eventgate_dev.sns_dev init        # FIFO topics + one SQS FIFO queue subscribed
+    python -m eventgate_dev.sns_dev subscribe   # print every message that arrives
 
 Endpoint and region come from the SDK variables (``AWS_ENDPOINT_URL``, ``AWS_DEFAULT_REGION``).
 ``init`` is idempotent (SNS/SQS create calls return the existing resource) and waits for the

@@ -11,7 +11,7 @@ fails every request until then. ``answered`` keeps the request id of every answe
 reports the system prompt and tools as a cache write the first time a prefix is seen and as a
 cache read afterwards, like prompt caching does.
 
-    python -m app.testing.fake_anthropic --port 8787 --latency 0.2
+    python -m eventgate_dev.fake_anthropic --port 8787 --latency 0.2
 """
 
 from __future__ import annotations
