@@ -100,10 +100,14 @@ class Settings(BaseSettings):
     ingest_buffer_bytes: int = Field(default=64 * 1024 * 1024, ge=1)
     # The HTTP server (eventgate serve/api/worker): open connections (or requests in
     # progress) past which requests get 503 TooManyConnections; idle keep-alive connections
-    # closed after this long; bytes of a request line + headers (431 beyond).
+    # closed after this long; bytes of a request line + headers, and of a chunked body's
+    # framing and trailers (431 beyond); a connection must send a whole request head within
+    # head_timeout_seconds of its first byte (and its first byte within keep_alive_seconds)
+    # or it is closed.
     limit_concurrency: int = Field(default=1000, ge=1)
     keep_alive_seconds: int = Field(default=5, ge=1)
     max_header_bytes: int = Field(default=64 * 1024, ge=1024)
+    head_timeout_seconds: float = Field(default=10.0, gt=0)
 
     # Secrets in payloads (keys naming them, credential-looking strings) are replaced at
     # ingest, before anything stores or forwards the payload; "off" keeps payloads as sent.

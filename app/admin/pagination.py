@@ -41,8 +41,10 @@ def decode_time_cursor(cursor: str | None) -> tuple[datetime, str] | None:
     value = _decode(cursor)
     try:
         at, row_id = value
-        return as_utc(datetime.fromisoformat(at)), str(row_id)
-    except (TypeError, ValueError):
+        if not isinstance(row_id, str) or "\x00" in row_id:
+            raise ValueError(row_id)
+        return as_utc(datetime.fromisoformat(at)), row_id
+    except (TypeError, ValueError, OverflowError):
         raise InvalidCursor("cursor is not one this API returned") from None
 
 

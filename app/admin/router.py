@@ -6,6 +6,7 @@ from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query
+from pydantic import AfterValidator
 
 from app.admin.deps import AdminServiceDep, require_admin
 from app.admin.repository import DeadLetterFilter, EventFilter, LlmCallFilter
@@ -36,17 +37,29 @@ Limit = Annotated[int, Query(ge=1, le=500, description="page size")]
 # Ids are 64-bit row ids: a larger number is a 422, not an overflow deep in the driver.
 DeadLetterId = Annotated[int, Path(ge=1, le=2**63 - 1)]
 Cursor = Annotated[str | None, Query(description="next_cursor of the previous page")]
+# PostgreSQL refuses NUL in text: a filter or id carrying one is a 422, not a driver error.
+_NO_NUL = r"^[^\x00]*$"
+Text = Annotated[str | None, Query(pattern=_NO_NUL, max_length=512)]
 
 
-def _utc(value: datetime | None) -> datetime | None:
-    """Query times without an offset are read as UTC."""
-    if value is None or value.tzinfo is not None:
-        return value
-    return value.replace(tzinfo=UTC)
+def _utc(value: datetime) -> datetime:
+    """Query times without an offset are read as UTC; one that leaves datetime's range once
+    moved to UTC (9999-12-31T23:59-14:00) is a 422."""
+    if value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise ValueError("time is out of range once converted to UTC") from None
+
+
+Time = Annotated[datetime | None, AfterValidator(lambda v: None if v is None else _utc(v))]
 
 
 @router.get("/v1/events/{event_id}", response_model=EventDetail)
-async def get_event(event_id: str, service: AdminServiceDep) -> EventDetail:
+async def get_event(
+    event_id: Annotated[str, Path(pattern=_NO_NUL, max_length=512)], service: AdminServiceDep
+) -> EventDetail:
     """State, timeline, every LLM attempt, every tool call and the latest dead letter.
 
     An event still on the queue (no worker has stored it yet) is `queued` with only its id.
@@ -58,25 +71,25 @@ async def get_event(event_id: str, service: AdminServiceDep) -> EventDetail:
 async def list_events(
     service: AdminServiceDep,
     status: EventStatusName | None = None,
-    source: str | None = None,
-    since: datetime | None = None,
+    source: Text = None,
+    since: Time = None,
     limit: Limit = 50,
     cursor: Cursor = None,
 ) -> Page[EventSummary]:
     """Stored events, newest first."""
-    flt = EventFilter(status=status, source=source, since=_utc(since))
+    flt = EventFilter(status=status, source=source, since=since)
     return await service.events(flt, limit=limit, cursor=cursor)
 
 
 @router.get("/v1/llm-calls", response_model=Page[dict[str, Any]])
 async def list_llm_calls(
     service: AdminServiceDep,
-    event_id: str | None = None,
-    pipeline: str | None = None,
-    model: str | None = None,
-    status: str | None = None,
-    since: datetime | None = None,
-    until: datetime | None = None,
+    event_id: Text = None,
+    pipeline: Text = None,
+    model: Text = None,
+    status: Text = None,
+    since: Time = None,
+    until: Time = None,
     limit: Limit = 50,
     cursor: Cursor = None,
 ) -> Page[dict[str, Any]]:
@@ -87,8 +100,8 @@ async def list_llm_calls(
         pipeline=pipeline,
         model=model,
         status=status,
-        since=_utc(since),
-        until=_utc(until),
+        since=since,
+        until=until,
     )
     return await service.llm_calls(flt, limit=limit, cursor=cursor)
 
@@ -96,8 +109,8 @@ async def list_llm_calls(
 @router.get("/v1/dead-letters", response_model=Page[DeadLetterOut])
 async def list_dead_letters(
     service: AdminServiceDep,
-    event_id: str | None = None,
-    stage: str | None = None,
+    event_id: Text = None,
+    stage: Text = None,
     replayed: bool | None = None,
     limit: Limit = 50,
     cursor: Cursor = None,

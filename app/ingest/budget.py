@@ -58,3 +58,9 @@ class Reservation:
             )
         budget.in_use += count
         self.size += count
+
+    def release(self, count: int) -> None:
+        """Give back ``count`` of this reservation's bytes (no longer held)."""
+        count = min(count, self.size)
+        self.budget.in_use -= count
+        self.size -= count

@@ -76,43 +76,48 @@ async def read_body(
     read_seconds: float | None,
     reservation: Reservation,
     check: BodyCheck,
-) -> bytearray:
-    """Read at most ``limit`` bytes within ``read_seconds`` in total into one buffer, fed to
-    ``check`` chunk by chunk, its bytes reserved from the process's budget.
+) -> bytes:
+    """Read at most ``limit`` bytes within ``read_seconds`` in total, fed to ``check`` chunk
+    by chunk, each chunk's bytes reserved from the process's budget as it arrives.
 
     Larger bodies are refused as soon as the limit is passed (or declared), never buffered
     whole; a sender trickling its body is cut off at the timeout, so it cannot hold a
     connection (and the bytes it sent so far) for longer than that. A declared
-    ``Content-Length`` is reserved and allocated at once (the chunks are copied into place:
-    no list of chunks and joined copy, no regrowth); a chunked body grows as it arrives.
+    ``Content-Length`` is only a promise: nothing is reserved or allocated for bytes that
+    have not arrived, so connections declaring bodies they never send hold nothing. The
+    chunks are kept as the server handed them; one chunk (most webhooks) is the body
+    itself, several are joined once, the copy reserved while both exist.
     """
     declared = request.headers.get("content-length")
     size = int(declared) if declared is not None and declared.isdigit() else None
     if size is not None and size > limit:
         raise PayloadTooLarge(f"body is larger than {limit} bytes")
-    if size is not None:
-        reservation.reserve(size)
-    body = bytearray(size or 0)
+    cap = limit if size is None else size
+    chunks: list[bytes] = []
     received = 0
     try:
         async with asyncio.timeout(read_seconds):
             async for chunk in request.stream():
-                end = received + len(chunk)
-                if end > (limit if size is None else size):
+                if not chunk:
+                    continue
+                received += len(chunk)
+                if received > cap:
                     raise PayloadTooLarge(f"body is larger than {limit} bytes")
+                reservation.reserve(len(chunk))
                 check.update(chunk)
-                if size is None:
-                    reservation.reserve(len(chunk))
-                    body += chunk
-                else:
-                    body[received:end] = chunk
-                received = end
+                chunks.append(chunk)
     except TimeoutError:
         raise RequestTimeout(f"the body was not received within {read_seconds:g}s") from None
     except ClientDisconnect:
         raise ClientDisconnected(f"the sender hung up after {received} bytes") from None
-    if received != len(body):  # the server ends a declared body early only on a disconnect
+    if size is not None and received != size:  # ended early only on a disconnect
         raise ClientDisconnected(f"the sender hung up after {received} bytes")
+    if len(chunks) == 1:
+        return chunks[0]
+    reservation.reserve(received)  # the joined copy, while the chunks still exist
+    body = b"".join(chunks)
+    chunks.clear()
+    reservation.release(received)
     return body
 
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import base64
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
 import orjson
+import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.queue.connection import connect_redis
@@ -282,3 +284,32 @@ async def test_replay_refuses_unknown_and_not_dead_lettered(
     assert moved_on.status_code == 409
     assert moved_on.json()["error"] == "ReplayConflict"
     assert "no_action" in moved_on.json()["detail"]
+
+
+def _cursor(value: object) -> str:
+    return base64.urlsafe_b64encode(orjson.dumps(value)).decode().rstrip("=")
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        # Times that leave datetime's range once moved to UTC.
+        "/v1/events?cursor=" + _cursor(["9999-12-31T23:59:59-14:00", "evt_x"]),
+        "/v1/llm-calls?cursor=" + _cursor(["0001-01-01T00:00:00+14:00", "llm_x"]),
+        "/v1/events?since=9999-12-31T23:59:59-14:00",
+        "/v1/llm-calls?until=0001-01-01T00:00:00%2B14:00",
+        # NUL, which PostgreSQL refuses in text.
+        "/v1/events?cursor=" + _cursor(["2026-01-01T00:00:00+00:00", "evt_\u0000"]),
+        "/v1/events?source=a%00b",
+        "/v1/llm-calls?event_id=evt_%00",
+        "/v1/dead-letters?stage=%00",
+        "/v1/events/evt_%00",
+    ],
+)
+def test_bad_input_is_a_4xx_not_a_500(
+    gateway_factory: GatewayFactory, auth: dict[str, str], path: str
+) -> None:
+    with gateway_factory() as server:
+        reply = httpx.get(server.url + path, headers=auth)
+    assert reply.status_code in (400, 422), f"{reply.status_code} {reply.text}"
+    assert reply.json()["error"] in ("InvalidCursor", "ValidationError")

@@ -8,9 +8,12 @@ sockets so the test controls what is sent and when:
   get 503 ``BodyBufferFull`` with ``Retry-After``; a valid webhook still works.
 - Sources whose credentials are tokens / basic auth, a missing signature header and a stale
   signed timestamp are refused from the headers: the body is never read.
-- A 50 MiB request head is cut off with 431 without being held.
+- A 50 MiB request head, or chunk trailers after an answered request, are cut off without
+  being held (431).
 - Connections past ``EVENTGATE_LIMIT_CONCURRENCY`` get a JSON 503; idle keep-alive connections
-  are closed after ``EVENTGATE_KEEP_ALIVE_SECONDS``.
+  are closed after ``EVENTGATE_KEEP_ALIVE_SECONDS``, new ones that send nothing as well, and
+  ones that do not finish a head within ``EVENTGATE_HEAD_TIMEOUT_SECONDS`` get 408.
+- A declared Content-Length reserves nothing before its bytes arrive.
 """
 
 from __future__ import annotations
@@ -310,9 +313,10 @@ def test_the_budget_binds_declared_and_chunked_bodies_and_is_given_back(
             assert reply.status_code == 503
             assert reply.json()["error"] == "BodyBufferFull"
             assert reply.headers["Retry-After"] == "1"
-        # What the refused requests had reserved was given back: a body that fits passes.
+        # What the refused requests had reserved was given back: a body that fits passes
+        # (read in several chunks, it and its joined copy are held at once).
         for _ in range(3):
-            fits = httpx.post(url, content=b"x" * (400 * 1024), headers=shaped)
+            fits = httpx.post(url, content=b"x" * (250 * 1024), headers=shaped)
             assert (fits.status_code, fits.json()["error"]) == (401, "InvalidSignature")
         body, headers = github_request(GITHUB_SECRET, issue_payload("acme/api", 9))
         assert httpx.post(url, content=body, headers=headers).status_code == 202
@@ -329,6 +333,12 @@ def test_a_reservation_is_released_whatever_ends_the_request() -> None:
     with pytest.raises(RuntimeError):
         failing_request()
     assert budget.in_use == 0
+    with budget.hold() as joined:
+        joined.reserve(30)
+        joined.reserve(30)
+        joined.release(30)
+        assert (budget.in_use, joined.size) == (30, 30)
+    assert budget.in_use == 0
     with budget.hold() as first:
         first.reserve(60)
         with budget.hold() as second, pytest.raises(BodyBufferFull):
@@ -343,4 +353,112 @@ def test_the_documented_defaults() -> None:
     assert defaults.max_header_bytes == 64 * 1024
     assert defaults.limit_concurrency == 1000
     assert defaults.keep_alive_seconds == 5
+    assert defaults.head_timeout_seconds == 10
     assert defaults.allow_dev_secrets is False
+
+
+def test_a_chunked_trailer_is_bounded_like_a_head(start: Callable[..., GatewayProcess]) -> None:
+    """Trailers come after the body and were parsed without a limit (httptools grows a header
+    value with ``bytes +=``), here after the request had already been answered 404."""
+    gateway = start(EVENTGATE_MAX_HEADER_BYTES=str(64 * 1024))
+    before = _status(gateway.proc.pid)["VmRSS"]
+    sent = 0
+    with socket.create_connection(("127.0.0.1", gateway.port)) as sock:
+        sock.sendall(_head("/v1/webhooks/no-such-source", {"Transfer-Encoding": "chunked"}))
+        status, _, _ = _response(sock)
+        assert status == 404  # refused, nothing verified
+        sock.sendall(b"1\r\na\r\n" * 1000 + b"0\r\nX-Pad: ")
+        with contextlib.suppress(OSError):  # the gateway cuts the trailer off
+            while sent < 64 * MiB:
+                sock.sendall(b"a" * MiB)
+                sent += MiB
+        time.sleep(0.5)
+    assert sent < 8 * MiB, f"{sent >> 20} MiB of trailer were accepted"
+    assert _status(gateway.proc.pid)["VmRSS"] - before < 8 * MiB
+    refused = [e for e in gateway.log_events() if e["event"] == "request_refused"]
+    assert [(e["error"], e["status"]) for e in refused] == [("RequestHeadersTooLarge", 431)]
+
+
+def test_declared_lengths_without_bodies_hold_no_budget(
+    start: Callable[..., GatewayProcess],
+) -> None:
+    """A declared Content-Length was reserved whole once the headers passed: four idle
+    connections declaring 16 MiB between them locked every real webhook out."""
+    gateway = start(EVENTGATE_INGEST_BUFFER_BYTES=str(BUDGET))
+    shaped = {
+        "Content-Type": "application/json",
+        "X-GitHub-Event": "issues",
+        "X-Hub-Signature-256": "sha256=" + "0" * 64,
+    }
+    squatters = []
+    try:
+        for length in (5 * MiB, 5 * MiB, 5 * MiB, BUDGET - 15 * MiB):
+            sock = socket.create_connection(("127.0.0.1", gateway.port))
+            sock.sendall(_head("/v1/webhooks/github", {**shaped, "Content-Length": str(length)}))
+            squatters.append(sock)  # ... and never a body byte
+        time.sleep(0.5)
+        body, headers = github_request(GITHUB_SECRET, issue_payload("acme/api", 1))
+        reply = httpx.post(f"{gateway.url}/v1/webhooks/github", content=body, headers=headers)
+    finally:
+        for sock in squatters:
+            sock.close()
+    assert reply.status_code == 202, reply.text
+
+
+def test_connections_that_send_no_head_are_closed(start: Callable[..., GatewayProcess]) -> None:
+    """uvicorn times a connection out only after a response: sockets that never sent a byte,
+    trickled a head, or sent only blank lines held the connection limit for ever."""
+    gateway = start(
+        EVENTGATE_LIMIT_CONCURRENCY="6",
+        EVENTGATE_KEEP_ALIVE_SECONDS="1",
+        EVENTGATE_HEAD_TIMEOUT_SECONDS="2",
+    )
+    silent = [socket.create_connection(("127.0.0.1", gateway.port)) for _ in range(2)]
+    trickling = [socket.create_connection(("127.0.0.1", gateway.port)) for _ in range(2)]
+    blank = [socket.create_connection(("127.0.0.1", gateway.port)) for _ in range(2)]
+    try:
+        for sock in trickling:
+            sock.sendall(b"POST /v1/webhooks/github HTTP/1.1\r\n")
+        started = time.monotonic()
+        while time.monotonic() - started < 4:
+            with contextlib.suppress(OSError):  # closed by the gateway, as it should
+                trickling[1].sendall(b"X-A: b\r\n")
+                for sock in blank:
+                    sock.sendall(b"\r\n")
+            time.sleep(0.5)
+        body, headers = github_request(GITHUB_SECRET, issue_payload("acme/api", 2))
+        reply = httpx.post(f"{gateway.url}/v1/webhooks/github", content=body, headers=headers)
+        assert reply.status_code == 202, reply.text
+        for sock in silent + blank:
+            sock.settimeout(1)
+            # Closed without a word (no request was begun), or reset: blank lines were still
+            # arriving when it closed.
+            with contextlib.suppress(ConnectionResetError):
+                assert sock.recv(1) == b""
+        status, _, error = _response(trickling[0], timeout=1)
+        assert (status, error["error"]) == (408, "RequestHeadTimeout")
+        refused = [e for e in gateway.log_events() if e["event"] == "request_refused"]
+        assert [e["error"] for e in refused] == ["RequestHeadTimeout"]  # one line per 10 s
+    finally:
+        for sock in silent + trickling + blank:
+            sock.close()
+
+
+@pytest.mark.parametrize(
+    "framing",
+    [
+        "Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+        "Content-Length: 2\r\nContent-Length: 2\r\n\r\n{}",
+        "Content-Length: +2\r\n\r\n{}",
+    ],
+    ids=["cl-and-te", "two-cl", "signed-cl"],
+)
+def test_a_request_the_parser_refuses_gets_a_json_400(
+    start: Callable[..., GatewayProcess], framing: str
+) -> None:
+    gateway = start()
+    with socket.create_connection(("127.0.0.1", gateway.port)) as sock:
+        sock.sendall(b"POST /v1/webhooks/github HTTP/1.1\r\nHost: x\r\n" + framing.encode())
+        status, headers, error = _response(sock)
+    assert status == 400 and headers["content-type"] == "application/json"
+    assert error["error"] == "InvalidHTTPRequest"

@@ -228,3 +228,29 @@ tools:
         "password": "[REDACTED:password]",
         "token": "[REDACTED:token]",
     }
+
+
+def test_an_integer_beyond_64_bits_is_queued_as_the_nearest_double(
+    make_settings: Callable[..., Settings], redis_url: str
+) -> None:
+    """What the README says of "exactly as sent": JSON numbers are 64-bit integers or
+    doubles, whatever the redaction setting (the limit of the JSON parser)."""
+    if redis_url.startswith("memory://"):
+        pytest.skip("needs a real Redis to read the stream from outside the process")
+    settings = make_settings(partitions=1, payload_redaction="off")
+    app = create_app(settings, parse_config(gateway_config(None, secret=GITHUB_SECRET)), role="api")
+    payload = {**issue_payload("acme/big", 1), "ids": [2**64 - 1, 0]}
+    body, headers = github_request(GITHUB_SECRET, payload)
+    body = body.replace(b",0]", b",123456789012345678901234567890]", 1)
+    signature = hmac.new(GITHUB_SECRET.encode(), body, hashlib.sha256).hexdigest()
+    headers["X-Hub-Signature-256"] = f"sha256={signature}"
+    with ServerThread(app) as server, httpx.Client(base_url=server.url, timeout=10) as client:
+        assert client.post("/v1/webhooks/github", content=body, headers=headers).status_code == 202
+    structlog.reset_defaults()
+    stream = Redis.from_url(redis_url)
+    try:
+        entries = stream.xrange(f"{settings.redis_prefix}:{{p0}}:stream")
+    finally:
+        stream.close()
+    queued = orjson.loads(entries[0][1][b"e"])  # type: ignore[index]
+    assert queued["payload"]["ids"] == [2**64 - 1, 1.2345678901234568e29]
