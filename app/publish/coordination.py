@@ -3,6 +3,7 @@ dedup ids already published (SNS FIFO itself forgets after 5 minutes)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 
 from redis.asyncio import Redis
@@ -11,23 +12,38 @@ from redis.exceptions import RedisError
 from app.leases import LeaseScripts, relay_lease_key
 
 
+# Of the lease's ttl, the part a holder counts on: Redis may see the renewal a little later
+# than it was sent, and clocks drift.
+SAFE_FRACTION = 0.8
+
+
 class RelayLease:
-    """One relay publishes at a time across all gateway processes."""
+    """One relay publishes at a time across all gateway processes.
+
+    ``valid_until`` (event-loop time) is when this holder stops counting on the lease: a
+    publish still unanswered then is abandoned (``app/publish/relay.py``), so a relay that
+    stalled (SIGSTOP, a suspended VM, a long pause) cannot send an old row after the next
+    holder has moved the group on.
+    """
 
     def __init__(self, redis: Redis, *, prefix: str, owner: str, ttl_ms: int = 15_000) -> None:
         self.redis = redis
         self.key = relay_lease_key(prefix)
         self.owner = owner
         self.ttl_ms = ttl_ms
+        self.valid_until = 0.0
         self._scripts = LeaseScripts(redis)
 
     async def hold(self) -> bool:
+        started = asyncio.get_running_loop().time()
         try:
-            if await self._scripts.renew(self.key, holder=self.owner, ttl_ms=self.ttl_ms):
-                return True
-            return bool(await self.redis.set(self.key, self.owner, nx=True, px=self.ttl_ms))
+            held = await self._scripts.renew(
+                self.key, holder=self.owner, ttl_ms=self.ttl_ms
+            ) or bool(await self.redis.set(self.key, self.owner, nx=True, px=self.ttl_ms))
         except (RedisError, OSError):
-            return False
+            held = False
+        self.valid_until = started + self.ttl_ms / 1000 * SAFE_FRACTION if held else 0.0
+        return held
 
     async def release(self) -> None:
         with contextlib.suppress(RedisError, OSError):  # it expires by itself

@@ -8,7 +8,7 @@ PublishBatch (≤10 entries, ≤256 KiB, per topic). A group whose head fails wi
 error waits with backoff and keeps its place; a permanent error dead-letters that row and
 its group moves on. A batch SNS refuses as a whole for good is sent again one entry at a
 time, so only the entries refused on their own are dead-lettered. Across processes one
-relay holds the lease (Redis) at a time.
+relay holds the lease (Redis) at a time, and abandons a publish its lease no longer covers.
 """
 
 from __future__ import annotations
@@ -197,8 +197,20 @@ class OutboxRelay:
         return [result for (result,) in alone]
 
     async def _publish(self, batch: list[OutboxRow]) -> list[Published | PublishError]:
-        async with self._batch_slots:
-            results = await self.publisher.publish_batch([outgoing(r) for r in batch])
+        """A publish must be answered while this relay counts on its lease: past that, the
+        next holder may have published the group's later rows, and a late send of this row
+        would arrive after them. An abandoned publish is retried by whoever holds the lease
+        (if it did reach SNS, the same deduplication id makes the retry a no-op)."""
+        deadline = self.lease.valid_until if self.lease is not None else None
+        try:
+            async with self._batch_slots, asyncio.timeout_at(deadline):
+                results = await self.publisher.publish_batch([outgoing(r) for r in batch])
+        except TimeoutError:
+            raise PublishError(
+                "abandoned: the relay's lease ran out before SNS answered",
+                code="LeaseExpired",
+                retryable=True,
+            ) from None
         # Remembered at once: the window in which a crash leads to a second publish is this
         # one round trip to Redis (SNS FIFO's own 5-minute dedup covers that).
         if self.memory is not None:

@@ -322,7 +322,12 @@ class OutboxRepository:
         values: dict[str, Any] = {"attempts": OutboxRow.attempts + 1, "last_error": error}
         if dead:
             values["status"] = OutboxStatus.DEAD
-        await self.session.execute(update(OutboxRow).where(OutboxRow.id == row_id).values(values))
+        # Only a pending row: a relay that lost its lease must not undo the holder's work.
+        await self.session.execute(
+            update(OutboxRow)
+            .where(OutboxRow.id == row_id, OutboxRow.status == OutboxStatus.PENDING)
+            .values(values)
+        )
 
     async def fully_published(self, events: Sequence[tuple[str, int]]) -> list[str]:
         """Of these (event id, generation) pairs, the events whose rows of that generation
