@@ -56,12 +56,40 @@ _UNAVAILABLE_SQLSTATE_CLASSES = ("08", "53", "57", "58")
 _RETRY_SQLSTATES = frozenset({"40001", "40P01"})
 
 
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and what caused it: SQLAlchemy's ``orig``, else ``__cause__``."""
+    chain: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and all(current is not seen for seen in chain):
+        chain.append(current)
+        orig = getattr(current, "orig", None)
+        current = orig if isinstance(orig, BaseException) else current.__cause__
+    return chain
+
+
+# SQLSTATE class 22: data exception (a value too long, NUL in text, out of range).
+_DATA_SQLSTATE_CLASS = "22"
+
+
+def data_refused(exc: BaseException) -> bool:
+    """True when the database refused a value itself: it will refuse it every time.
+
+    asyncpg's server errors carry the SQLSTATE (SQLAlchemy wraps them as a plain
+    ``DBAPIError``); values asyncpg cannot even encode are its client-side ``DataError``."""
+    for current in _chain(exc):
+        if isinstance(current, sa_errors.DataError):
+            return True
+        sqlstate = getattr(current, "sqlstate", None)
+        if isinstance(sqlstate, str) and sqlstate[:2] == _DATA_SQLSTATE_CLASS:
+            return True
+        if type(current).__module__.startswith("asyncpg") and isinstance(current, ValueError):
+            return True  # asyncpg's client-side DataError: "invalid input for query argument"
+    return False
+
+
 def dependency_unavailable(exc: BaseException) -> bool:
     """True when ``exc`` (or what caused it) says a dependency could not serve the request."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
+    for current in _chain(exc):
         if isinstance(current, _UNAVAILABLE):
             return True
         if isinstance(current, sa_errors.DBAPIError) and current.connection_invalidated:
@@ -71,6 +99,4 @@ def dependency_unavailable(exc: BaseException) -> bool:
             sqlstate[:2] in _UNAVAILABLE_SQLSTATE_CLASSES or sqlstate in _RETRY_SQLSTATES
         ):
             return True
-        orig = getattr(current, "orig", None)
-        current = orig if isinstance(orig, BaseException) else current.__cause__
     return False

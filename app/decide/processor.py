@@ -19,15 +19,15 @@ from typing import Any
 
 import structlog
 from jsonschema import Draft202012Validator
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from app.config import GatewayConfig
 from app.decide.audit import AuditTrail
 from app.decide.prompts import render_event, system_blocks, tool_definitions
-from app.decide.tools import ToolCheck, check_tool_uses, repair_request
+from app.decide.tools import ToolCheck, check_tool_uses, repair_request, shown
 from app.events import FINAL_STATUSES, Event, EventStatus
-from app.faults import Fence, LeaseLost
+from app.faults import Fence, LeaseLost, data_refused, dependency_unavailable
 from app.llm.caller import CallAbandoned, CallResult, GuardedCaller, run_together
 from app.llm.client import ClaudeRequest
 from app.observability.metrics import DEDUP_HITS, EVENTS_FINISHED
@@ -43,6 +43,9 @@ from app.store.repository import (
 )
 
 log = structlog.get_logger(__name__)
+# Events remembered as waiting for a dependency (their retry is not counted); the oldest are
+# forgotten past this many (their retry then counts, as it did before).
+MAX_WAITING = 10_000
 NO_PUBLISH_STOPS = frozenset({"max_tokens", "refusal"})
 
 
@@ -68,6 +71,8 @@ class EventProcessor:
         self.dead_letters = DeadLetters(sessions=sessions)
         self.max_deliveries = max_deliveries
         self.on_stored = on_stored
+        # (event id, generation, lease epoch) whose last try met an unreachable dependency
+        self._waiting: dict[tuple[str, int, int], bool] = {}
         self.validators = {
             name: Draft202012Validator(tool.input_schema) for name, tool in config.tools.items()
         }
@@ -77,17 +82,38 @@ class EventProcessor:
 
         May wait a long time (open breaker, rate limit, exhausted ``wait`` budget): that
         holds only this event's key lane, and the event stays queued meanwhile.
+
+        A failure because Redis or the database was unreachable is no delivery of the event:
+        the worker retries it in place, and that retry does not count towards
+        ``max_deliveries`` (a Redis that flapped used to dead-letter the events in flight
+        without Claude ever being asked).
         """
-        log_ = log.bind(event_id=event.id, source=event.source, group_key=event.group_key)
         epoch = fence.epoch if fence is not None else 0
+        key = (event.id, event.generation, epoch)
+        counted = not self._waiting.pop(key, False)
+        try:
+            await self._deliver(event, fence, epoch=epoch, counted=counted)
+        except Exception as exc:
+            if dependency_unavailable(exc):
+                self._waiting[key] = True
+                while len(self._waiting) > MAX_WAITING:
+                    self._waiting.pop(next(iter(self._waiting)))
+            raise
+
+    async def _deliver(
+        self, event: Event, fence: Fence | None, *, epoch: int, counted: bool
+    ) -> None:
+        log_ = log.bind(event_id=event.id, source=event.source, group_key=event.group_key)
         stored: Sequence[OutboxRow] = ()
         attempts = 0
         async with self.autocommit.connect() as connection:
-            delivery = await start_delivery(connection, fields=_event_fields(event), epoch=epoch)
+            delivery = await start_delivery(
+                connection, fields=_event_fields(event), epoch=epoch, count=counted
+            )
         if delivery.fence > epoch:
             raise LeaseLost(f"a later lease tenure (epoch {delivery.fence}) started the event")
         status, deliveries = delivery.status, delivery.deliveries
-        if not delivery.first:
+        if not delivery.first or not counted:
             async with self.sessions() as session:
                 stored = await OutboxRepository(session).for_event(
                     event.id, generation=event.generation
@@ -226,6 +252,11 @@ class EventProcessor:
             if isinstance(exc, LeaseLost):
                 raise
             return
+        except Exception as exc:
+            if not data_refused(exc):
+                raise
+            await self._unstorable(event, result, outcome, exc, epoch=epoch, log_=log_)
+            return
         if rows:
             self.on_stored()
         else:
@@ -234,10 +265,40 @@ class EventProcessor:
             "llm_decided",
             model=reply.model,
             tools=[row.tool for row in rows],
-            refused=check.refused + list(check.over_limit.values()),
+            refused=[shown(name) for name in check.refused] + list(check.over_limit.values()),
             stop_reason=reply.stop_reason,
             cost_usd=result.cost_usd,
         )
+
+    async def _unstorable(
+        self,
+        event: Event,
+        result: CallResult,
+        outcome: dict[str, Any],
+        exc: Exception,
+        *,
+        epoch: int,
+        log_: Any,
+    ) -> None:
+        """The database refused the decision itself (a value too long for its column, say):
+        it will refuse it every time, so the event is dead-lettered now rather than retried
+        (each retry would pay for another Claude call). The audit row keeps the counts and
+        cost, without the reply's texts; the driver's message is not kept (it can quote
+        values)."""
+        refused = type(exc.orig if isinstance(exc, DBAPIError) else exc).__name__
+        reason = f"the decision could not be stored: the database refused it ({refused})"
+        scrubbed = outcome | {
+            "status": LlmCallStatus.ERROR,
+            "error": reason,
+            "model": str(outcome.get("model") or "")[:100],
+            "request_id": None,
+            "stop_reason": None,
+            "tool_calls": [],
+            "response_text": None,
+        }
+        await self.trail.complete(result.call_id, scrubbed)
+        await self.dead_letters.add(event.id, stage="worker", reason=reason, epoch=epoch)
+        log_.error("decision_unstorable", error=refused)
 
 
 def _event_fields(event: Event) -> dict[str, Any]:

@@ -5,9 +5,10 @@ call beyond the pipeline's ``max_tool_calls``. An input that does not match its 
 schema gets one repair turn: every tool_use of the reply is answered with a tool_result
 (``is_error`` with the validation message for the invalid ones), and the repaired reply
 replaces the first one as the whole decision. Keys that a tool's schema does not declare
-(``properties``/``patternProperties``) are dropped from an accepted input unless the schema
-allows them explicitly (``additionalProperties: true`` or a schema), so a reply cannot carry,
-say, a ``topic_arn`` into the published message.
+(``properties``/``patternProperties``, through local ``$ref``s and ``allOf``/``anyOf``/
+``oneOf`` branches too) are dropped from an accepted input unless the schema allows them
+explicitly (``additionalProperties: true`` or a schema), so a reply cannot carry, say, a
+``topic_arn`` into the published message.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ class ToolCheck:
         """What was refused or changed, for the audit row and the event's error field."""
         notes = []
         if self.refused:
-            notes.append(f"refused tools not offered: {', '.join(sorted(set(self.refused)))}")
+            names = sorted({shown(name) for name in self.refused})
+            notes.append(f"refused tools not offered: {', '.join(names)}")
         if self.over_limit:
             notes.append(
                 f"refused {len(self.over_limit)} tool call(s) beyond max_tool_calls "
@@ -71,7 +73,7 @@ def check_tool_uses(
             refused.append(str(name))
             continue
         if len(accepted) + len(invalid) >= max_calls:
-            over_limit[str(use.get("id"))] = str(name)
+            over_limit[str(use.get("id"))] = name
             continue
         validator = validators[name]
         errors = list(validator.iter_errors(use.get("input")))[:_MAX_ERRORS]
@@ -93,37 +95,112 @@ def check_tool_uses(
     )
 
 
-def declared_only(schema: Any, value: Any, path: str = "") -> tuple[Any, list[str]]:
+def declared_only(
+    schema: Any, value: Any, path: str = "", *, root: Any = None
+) -> tuple[Any, list[str]]:
     """``value`` without the object keys ``schema`` does not declare; the dropped paths.
 
-    An object schema with no ``properties`` declares nothing in particular and keeps all;
-    ``additionalProperties: true`` (or a schema) keeps undeclared keys explicitly."""
-    if not isinstance(schema, dict):
-        return value, []
-    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+    What a schema declares includes what it composes: its local ``$ref``s and its ``allOf``
+    / ``anyOf`` / ``oneOf`` / ``then`` / ``else`` branches (a key declared by any of them is
+    kept). An object schema with no ``properties`` anywhere declares nothing in particular
+    and keeps all; ``additionalProperties: true`` (or a schema) keeps undeclared keys
+    explicitly."""
+    root = schema if root is None else root
+    parts = _parts(schema, root)
+    if isinstance(value, list):
+        items = [part["items"] for part in parts if isinstance(part.get("items"), dict)]
+        if not items:
+            return value, []
+        item_schema = items[0] if len(items) == 1 else {"allOf": items}
         kept, dropped = [], []
         for index, item in enumerate(value):
-            clean, more = declared_only(schema["items"], item, f"{path}{index}.")
+            clean, more = declared_only(item_schema, item, f"{path}{index}.", root=root)
             kept.append(clean)
             dropped += more
         return kept, dropped
-    properties = schema.get("properties")
-    if not isinstance(value, dict) or not isinstance(properties, dict):
+    declared: dict[str, list[Any]] = {}
+    for part in parts:
+        properties = part.get("properties")
+        if isinstance(properties, dict):
+            for key, sub in properties.items():
+                declared.setdefault(key, []).append(sub)
+    if not isinstance(value, dict) or not any(
+        isinstance(part.get("properties"), dict) for part in parts
+    ):
         return value, []
-    extra = schema.get("additionalProperties")
-    keep_extra = extra is True or isinstance(extra, dict)
-    patterns = [p for p in (schema.get("patternProperties") or {}) if isinstance(p, str)]
+    keep_extra = any(
+        part.get("additionalProperties") is True
+        or isinstance(part.get("additionalProperties"), dict)
+        for part in parts
+    )
+    patterns = [
+        pattern
+        for part in parts
+        for pattern in (part.get("patternProperties") or {})
+        if isinstance(pattern, str)
+    ]
     out: dict[str, Any] = {}
     dropped = []
     for key, item in value.items():
-        if key in properties:
-            out[key], more = declared_only(properties[key], item, f"{path}{key}.")
+        if key in declared:
+            subs = declared[key]
+            sub = subs[0] if len(subs) == 1 else {"allOf": subs}
+            out[key], more = declared_only(sub, item, f"{path}{shown(key)}.", root=root)
             dropped += more
         elif keep_extra or any(re.search(pattern, key) for pattern in patterns):
             out[key] = item
         else:
-            dropped.append(f"{path}{key}")
+            dropped.append(f"{path}{shown(key)}")
     return out, dropped
+
+
+_BRANCHES = ("allOf", "anyOf", "oneOf")
+_MAX_PARTS = 64
+
+
+def _parts(schema: Any, root: Any) -> list[dict[str, Any]]:
+    """``schema`` and every schema it composes at this level, local ``$ref``s resolved."""
+    parts: list[dict[str, Any]] = []
+    seen: set[int] = set()
+    stack = [schema]
+    while stack and len(parts) < _MAX_PARTS:
+        part = stack.pop()
+        if not isinstance(part, dict) or id(part) in seen:
+            continue
+        seen.add(id(part))
+        parts.append(part)
+        ref = part.get("$ref")
+        if isinstance(ref, str):
+            stack.append(_resolve(root, ref))
+        for name in _BRANCHES:
+            branches = part.get(name)
+            if isinstance(branches, list):
+                stack.extend(reversed(branches))
+        stack.extend(part.get(name) for name in ("then", "else"))
+    return parts
+
+
+def _resolve(root: Any, ref: str) -> Any:
+    """A ``#/...`` JSON pointer into the tool's own schema; None for anything else."""
+    if not ref.startswith("#"):
+        return None
+    node = root
+    for token in ref[1:].split("/")[1:]:
+        token = token.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and token in node:
+            node = node[token]
+        elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
+            node = node[int(token)]
+        else:
+            return None
+    return node
+
+
+def shown(text: str, limit: int = 64) -> str:
+    """A name from Claude's reply as the audit row and the event's error show it: control
+    characters escaped, cut to ``limit`` characters."""
+    escaped = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in text[:limit])
+    return escaped if len(text) <= limit else escaped + "..."
 
 
 def repair_request(request: ClaudeRequest, reply: ClaudeReply, check: ToolCheck) -> ClaudeRequest:

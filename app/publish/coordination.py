@@ -11,7 +11,6 @@ from redis.exceptions import RedisError
 
 from app.leases import LeaseScripts, relay_lease_key
 
-
 # Of the lease's ttl, the part a holder counts on: Redis may see the renewal a little later
 # than it was sent, and clocks drift.
 SAFE_FRACTION = 0.8

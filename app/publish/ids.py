@@ -7,12 +7,13 @@ import re
 from typing import Any, Literal
 
 # SNS allows letters, digits and punctuation, up to 128 characters.
-_VALID = re.compile(r"^[A-Za-z0-9!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~]{1,128}$")
+# fullmatch, never match with $: "$" also matches before a trailing newline.
+_VALID = re.compile(r"[A-Za-z0-9!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~]{1,128}")
 
 
 def message_group_id(group_key: str) -> str:
     """The group key itself when SNS accepts it, else a stable hash of it."""
-    if _VALID.match(group_key):
+    if _VALID.fullmatch(group_key):
         return group_key
     return "h-" + hashlib.sha256(group_key.encode()).hexdigest()
 
@@ -42,6 +43,6 @@ def resolve_group_id(policy: GroupIdPolicy, event_key: str, tool_input: Any) -> 
     if not isinstance(proposed, str) or not proposed:
         return event_id, False
     disagreed = proposed not in (event_key, event_id)
-    if policy == "llm" and _VALID.match(proposed):
+    if policy == "llm" and _VALID.fullmatch(proposed):
         return proposed, disagreed
     return event_id, disagreed

@@ -82,6 +82,8 @@ class QueueWorker:
         self._held: set[tuple[int, bytes]] = set()
         self._in_flight: Counter[int] = Counter()
         self._to_claim: list[int] = []
+        # Partitions whose pending entries are taken again before the next read (_resync).
+        self._resync_partitions: set[int] = set()
         self._next_orphan_check = 0.0
         self._reader: Supervised | None = None
         self._keeper: Supervised | None = None
@@ -223,7 +225,31 @@ class QueueWorker:
                 await self._submit(entry)
             self.reading.add(partition)
 
+    async def _resync(self) -> bool:
+        """After a failed read, what that read took may be pending with this consumer (read,
+        then the next call failed; or the reply was lost with the connection), where neither
+        a next read (``>``: new entries only) nor the stale-owner claim looks. Every pending
+        entry of those partitions is taken again, in order, before anything new is read:
+        otherwise a later event of the key would go first. False while Redis still fails."""
+        while self._resync_partitions:
+            partition = min(self._resync_partitions)
+            if partition in self.reading:
+                try:
+                    pending = await self.queue.claim_pending(
+                        consumer=self.consumer, partition=partition, min_idle_ms=0
+                    )
+                except REDIS_ERRORS as exc:
+                    log.warning("resync_failed", partition=partition, error=type(exc).__name__)
+                    return False
+                for entry in pending:
+                    await self._submit(entry)  # skips what is held (in flight here)
+            self._resync_partitions.discard(partition)
+        return True
+
     async def _read_once(self, *, block_ms: int) -> None:
+        if self._resync_partitions and not await self._resync():
+            await asyncio.sleep(1)
+            return
         room = self.dispatcher.free_slots()
         if room == 0 or not self.reading:
             await asyncio.sleep(min(block_ms, 200) / 1000)
@@ -242,6 +268,7 @@ class QueueWorker:
             )
         except REDIS_ERRORS as exc:
             log.warning("queue_read_failed", error=type(exc).__name__)
+            self._resync_partitions.update(self.reading)
             await asyncio.sleep(1)
             await self._wait_for_redis()
             return

@@ -19,13 +19,30 @@ from sqlalchemy import (
     Integer,
     String,
     Text,
+    TypeDecorator,
     UniqueConstraint,
 )
+from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+class FreeText(TypeDecorator[str]):
+    """Text that can come from outside (errors quoting Claude's reply or a tool name, the
+    prompt and reply texts): PostgreSQL refuses NUL in text, so a NUL is stored as the six
+    characters ``\\u0000``. Without it one NUL in a reply made the decision impossible to
+    store, and every retry paid for another Claude call."""
+
+    impl = Text
+    cache_ok = True
+
+    def process_bind_param(self, value: str | None, dialect: Dialect) -> str | None:
+        if value is not None and "\x00" in value:
+            return value.replace("\x00", "\\u0000")
+        return value
 
 
 class Base(DeclarativeBase):
@@ -48,7 +65,7 @@ class EventRow(Base):
         DateTime(timezone=True), default=utcnow, index=True
     )
     deliveries: Mapped[int] = mapped_column(Integer, default=0)
-    error: Mapped[str | None] = mapped_column(Text, default=None)
+    error: Mapped[str | None] = mapped_column(FreeText, default=None)
     # Times an operator replayed the event; the current generation of its outbox rows.
     replays: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # Lease epoch of the latest worker tenure that started processing it (see the worker).
@@ -89,7 +106,7 @@ class LlmCallRow(Base):
     stop_reason: Mapped[str | None] = mapped_column(String(64), default=None)
     tool_calls: Mapped[list[Any]] = mapped_column(JSON, default=list)
     error_type: Mapped[str | None] = mapped_column(String(100), default=None)
-    error: Mapped[str | None] = mapped_column(Text, default=None)
+    error: Mapped[str | None] = mapped_column(FreeText, default=None)
     created_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), default=utcnow, index=True
     )
@@ -99,8 +116,8 @@ class LlmCallRow(Base):
     cost_usd: Mapped[float] = mapped_column(Float, default=0.0)
     breaker_state: Mapped[str | None] = mapped_column(String(16), default=None)
     prompt_hash: Mapped[str | None] = mapped_column(String(64), default=None)
-    prompt_text: Mapped[str | None] = mapped_column(Text, default=None)
-    response_text: Mapped[str | None] = mapped_column(Text, default=None)
+    prompt_text: Mapped[str | None] = mapped_column(FreeText, default=None)
+    response_text: Mapped[str | None] = mapped_column(FreeText, default=None)
 
 
 class OutboxStatus:
@@ -138,7 +155,7 @@ class OutboxRow(Base):
     body: Mapped[str] = mapped_column(Text)
     status: Mapped[str] = mapped_column(String(32), default=OutboxStatus.PENDING)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
-    last_error: Mapped[str | None] = mapped_column(Text, default=None)
+    last_error: Mapped[str | None] = mapped_column(FreeText, default=None)
     sns_message_id: Mapped[str | None] = mapped_column(String(200), default=None)
     sns_sequence_number: Mapped[str | None] = mapped_column(String(200), default=None)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
@@ -153,6 +170,6 @@ class DeadLetterRow(Base):
     )
     event_id: Mapped[str] = mapped_column(String(64), index=True)
     stage: Mapped[str] = mapped_column(String(32))
-    reason: Mapped[str] = mapped_column(Text)
+    reason: Mapped[str] = mapped_column(FreeText)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     replayed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), default=None)

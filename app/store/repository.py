@@ -71,7 +71,7 @@ def _start_delivery(insert: Any) -> Any:
         .on_conflict_do_update(
             index_elements=[EVENTS.c.id],
             set_={
-                "deliveries": EVENTS.c.deliveries + 1,
+                "deliveries": EVENTS.c.deliveries + bindparam("count"),
                 "updated_at": bindparam("now"),
                 "status": case(
                     (EVENTS.c.status == EventStatus.QUEUED, EventStatus.PROCESSING),
@@ -141,7 +141,7 @@ class Delivery:
 
 
 async def start_delivery(
-    connection: AsyncConnection, *, fields: dict[str, Any], epoch: int = 0
+    connection: AsyncConnection, *, fields: dict[str, Any], epoch: int = 0, count: bool = True
 ) -> Delivery:
     """Insert the event on first delivery, count every delivery, raise its fence to the lease
     ``epoch`` of this delivery: one upsert.
@@ -152,11 +152,13 @@ async def start_delivery(
     replayed event (``queued``) becomes ``processing`` again.
 
     One statement, so it is atomic on its own: the worker runs it on an autocommit
-    connection, one round trip instead of BEGIN, upsert and COMMIT.
+    connection, one round trip instead of BEGIN, upsert and COMMIT. ``count=False``: a retry
+    in place after a dependency was unreachable, which is no new delivery.
     """
     dialect = connection.dialect.name
     statement = START_DELIVERY["postgresql" if dialect == "postgresql" else "sqlite"]
-    result = await connection.execute(statement, {**fields, "epoch": epoch, "now": utcnow()})
+    params = {**fields, "epoch": epoch, "now": utcnow(), "count": 1 if count else 0}
+    result = await connection.execute(statement, params)
     status, deliveries, replays, fence = result.one()
     return Delivery(status, deliveries, replays, fence)
 

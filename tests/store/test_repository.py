@@ -142,3 +142,15 @@ async def test_relay_marks_rows_and_finishes_only_fully_published_events(
         assert rows["evt_b", 0].sns_sequence_number == "2"
         statuses = {e.id: e.status for e in await session.scalars(select(EventRow))}
         assert statuses == {"evt_a": EventStatus.PROCESSING, "evt_b": EventStatus.PUBLISHED}
+
+
+async def test_a_nul_in_free_text_is_stored_escaped(db: async_sessionmaker[AsyncSession]) -> None:
+    """PostgreSQL refuses NUL in text; errors and audit texts can quote what came from
+    outside (Claude's reply, a sender's header)."""
+    await _start(db, "evt_nul")
+    async with db() as session:
+        await EventRepository(session).set_status("evt_nul", "no_action", error="bad\x00name")
+        await session.commit()
+    async with db() as session:
+        row = await session.get(EventRow, "evt_nul")
+    assert row is not None and row.error == "bad\\u0000name"

@@ -1,0 +1,217 @@
+"""Claude replies (or a payload that steers them) that the tool checks must not let through.
+
+1. ``group_id: llm`` takes Claude's ``message_group_id`` when it is a valid SNS id. The check
+   used ``re.match`` with ``$``, which also matches before a trailing newline: ``"ops\\n"``
+   and 128 characters + ``"\\n"`` passed; SNS refuses such an id, and on PostgreSQL the 129
+   characters do not fit ``outbox.group_id``, so every retry paid for another Claude call.
+2. A refused tool name or a dropped input key was written raw into the audit row's and the
+   event's ``error`` text: a NUL in it is refused by PostgreSQL, with the same result.
+3. Whatever else the database refuses in a decision is refused every time: the event is
+   dead-lettered after one Claude call.
+4. Undeclared keys were dropped only where a schema had ``properties`` itself: under
+   ``$ref``, ``allOf``/``anyOf``/``oneOf`` they were all kept, so a reply could slip a
+   ``topic_arn`` into the published body although the schema never declares it.
+
+Claude is faked at the HTTP edge (respx over httpcore2, as elsewhere in ``tests/llm``);
+Redis and the database are the real ones when reachable.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+import pytest
+import pytest_httpx2._plugin  # noqa: F401  (registers respx's httpcore2 mocker)
+import respx
+from jsonschema import Draft202012Validator
+from redis.asyncio import Redis
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from app.decide.tools import check_tool_uses
+from app.llm.client import ClaudeReply
+from app.publish.ids import resolve_group_id
+from tests.llm.harness import BASE, build, make_event, reply, tool_use
+
+# What SNS accepts as a MessageGroupId (AWS docs; NOTES.md).
+SNS_ID = re.compile(r"[A-Za-z0-9!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~]{1,128}")
+
+
+@pytest.fixture
+def api() -> Iterator[respx.Router]:
+    with respx.mock(base_url=BASE, using="httpcore2") as router:
+        yield router
+
+
+@pytest.mark.parametrize("proposed", ["ops\n", "g" * 128 + "\n"], ids=["newline", "129-chars"])
+def test_an_llm_group_id_that_sns_refuses_falls_back_to_the_event_key(proposed: str) -> None:
+    group_id, _ = resolve_group_id("llm", "acme/api", {"message_group_id": proposed})
+    assert SNS_ID.fullmatch(group_id), f"{group_id!r} is used as the MessageGroupId"
+
+
+LLM_GROUP_CONFIG = """
+sources:
+  github: {type: github, secret: attack-github-secret-0123456789, pipeline: triage}
+pipelines:
+  triage: {model: claude-sonnet-4-6, system: s, tools: [publishAlert]}
+tools:
+  publishAlert:
+    description: Raise an alert.
+    group_id: llm
+    input_schema:
+      type: object
+      properties:
+        title: {type: string}
+        message_group_id: {type: string}
+      required: [title]
+"""
+
+
+PLAIN_CONFIG = """
+sources:
+  github: {type: github, secret: attack-github-secret-0123456789, pipeline: triage}
+pipelines:
+  triage: {model: claude-sonnet-4-6, system: s, tools: [publishAlert]}
+tools:
+  publishAlert:
+    description: Raise an alert.
+    input_schema:
+      type: object
+      properties: {title: {type: string}, severity: {type: string}}
+      required: [title]
+"""
+
+
+async def _deliver_like_the_worker(h: Any, event: Any, *, times: int) -> list[str]:
+    """``process`` as the worker calls it: again after each failure (up to max deliveries)."""
+    failures: list[str] = []
+    for _ in range(times):
+        try:
+            await h.processor.process(event)
+            return failures
+        except Exception as exc:  # noqa: BLE001 (the worker counts any failure and retries)
+            failures.append(type(exc).__name__)
+    return failures
+
+
+async def test_a_hostile_group_id_costs_one_claude_call_and_publishes_under_a_valid_id(
+    api: respx.Router,
+    sessions: async_sessionmaker[AsyncSession],
+    redis: Redis,
+    redis_prefix: str,
+) -> None:
+    h = build(sessions=sessions, redis=redis, prefix=redis_prefix, text=LLM_GROUP_CONFIG)
+    hostile = {"title": "disk full", "message_group_id": "g" * 128 + "\n"}
+    route = api.post("/v1/messages").mock(return_value=reply(tool_use(value=hostile)))
+    event = make_event()
+
+    failures = await _deliver_like_the_worker(h, event, times=6)
+    outcome = await h.rows(event.id)
+    assert route.call_count == 1, (
+        f"Claude was asked {route.call_count} times ({failures}); the event ended "
+        f"{outcome.event.status}: {outcome.event.error}"
+    )
+    assert [SNS_ID.fullmatch(row.group_id) is not None for row in outcome.outbox] == [True]
+
+
+@pytest.mark.parametrize(
+    ("block", "published"),
+    [
+        (tool_use(name="publishAlert\x00", use_id="toolu_nul"), 1),  # refused: not offered
+        (tool_use(value={"severity": "high", "title": "x", "note\x00": 1}), 2),  # key dropped
+    ],
+    ids=["refused-tool-name", "dropped-input-key"],
+)
+async def test_a_nul_in_a_refused_name_or_dropped_key_does_not_poison_the_decision(
+    api: respx.Router,
+    sessions: async_sessionmaker[AsyncSession],
+    redis: Redis,
+    redis_prefix: str,
+    block: dict[str, Any],
+    published: int,
+) -> None:
+    h = build(sessions=sessions, redis=redis, prefix=redis_prefix, text=PLAIN_CONFIG)
+    good = tool_use(value={"title": "disk full"}, use_id="toolu_good")
+    route = api.post("/v1/messages").mock(return_value=reply(good, block))
+    event = make_event()
+
+    failures = await _deliver_like_the_worker(h, event, times=6)
+    outcome = await h.rows(event.id)
+    assert route.call_count == 1, (
+        f"Claude was asked {route.call_count} times ({failures}); the event ended "
+        f"{outcome.event.status}: {outcome.event.error}"
+    )
+    assert len(outcome.outbox) == published
+    assert "\\x00" in (outcome.event.error or "")  # shown escaped, not dropped
+
+
+def _check(schema: dict[str, Any], tool_input: dict[str, Any]) -> dict[str, Any]:
+    answer = ClaudeReply(
+        model="claude-sonnet-4-6",
+        request_id=None,
+        stop_reason="tool_use",
+        content=[{"type": "tool_use", "id": "toolu_1", "name": "notify", "input": tool_input}],
+        latency_ms=1.0,
+    )
+    check = check_tool_uses(
+        answer,
+        offered=["notify"],
+        validators={"notify": Draft202012Validator(schema)},
+        max_calls=5,
+    )
+    assert not check.invalid, check.invalid
+    (accepted,) = check.accepted
+    cleaned: dict[str, Any] = accepted["input"]
+    return cleaned
+
+
+TARGET = {"type": "object", "properties": {"id": {"type": "string"}}, "required": ["id"]}
+SCHEMAS = {
+    "$ref": {
+        "type": "object",
+        "properties": {"target": {"$ref": "#/$defs/target"}},
+        "$defs": {"target": TARGET},
+    },
+    "allOf": {"type": "object", "properties": {"target": {"allOf": [TARGET]}}},
+    "anyOf": {"type": "object", "properties": {"target": {"anyOf": [TARGET, {"type": "null"}]}}},
+    "top-level-allOf": {
+        "allOf": [{"type": "object", "properties": {"target": TARGET}, "required": ["target"]}]
+    },
+}
+
+
+@pytest.mark.parametrize("schema", list(SCHEMAS.values()), ids=list(SCHEMAS))
+def test_undeclared_keys_are_dropped_whatever_the_schema_composes(schema: dict[str, Any]) -> None:
+    smuggled = {
+        "target": {"id": "db-1", "topic_arn": "arn:aws:sns:us-east-1:6:x.fifo"},
+        "message_group_id": "attacker",
+    }
+    cleaned = _check(schema, smuggled)
+    published = orjson.dumps(cleaned).decode()
+    assert "topic_arn" not in published and "message_group_id" not in published, published
+
+
+async def test_a_decision_the_database_refuses_is_dead_lettered_after_one_call(
+    api: respx.Router,
+    sessions: async_sessionmaker[AsyncSession],
+    redis: Redis,
+    redis_prefix: str,
+    database_url: str,
+) -> None:
+    """A model name longer than its column (the API's answer, here a hostile proxy's): on
+    PostgreSQL the decision cannot be stored; SQLite does not enforce lengths."""
+    if not database_url.startswith("postgresql"):
+        pytest.skip("SQLite does not enforce column lengths")
+    h = build(sessions=sessions, redis=redis, prefix=redis_prefix, text=PLAIN_CONFIG)
+    route = api.post("/v1/messages").mock(return_value=reply(tool_use(), model="m" * 300))
+    event = make_event()
+
+    failures = await _deliver_like_the_worker(h, event, times=6)
+    outcome = await h.rows(event.id)
+    assert route.call_count == 1, f"Claude was asked {route.call_count} times ({failures})"
+    assert outcome.event.status == "dead_lettered" and not outcome.outbox
+    assert "could not be stored" in (outcome.event.error or "")
+    (call,) = outcome.calls
+    assert call.status == "error" and call.response_text is None
