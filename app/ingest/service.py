@@ -40,6 +40,7 @@ from app.observability.metrics import (
 from app.payloads import resolve_key
 from app.queue.backlog import BacklogMonitor
 from app.queue.batching import EventEnqueuer
+from app.queue.replays import ReplayInFlight
 from app.queue.streams import NewEntry
 from app.redaction import NestingTooDeep, payload_to_json, redact_to_json
 from app.sources.admission import Body, BodyCheck
@@ -172,6 +173,11 @@ class IngestService:
         except (RedisError, OSError) as exc:
             log.warning("enqueue_failed", source=source.name, error=type(exc).__name__)
             raise QueueUnavailable("the event queue is unreachable; retry later") from exc
+        except ReplayInFlight as exc:
+            raise QueueUnavailable(
+                "an identical signed request is being queued right now; retry later",
+                retry_after=1,
+            ) from exc
         queued = 0
         for done in outcomes:
             WEBHOOKS_RECEIVED.labels(source=source.name, outcome=done.status).inc()

@@ -8,6 +8,9 @@ atomic step (it is ``streams.ENQUEUE``, the script ``EventQueue.enqueue`` runs f
 event) — and one call only touches keys of one partition (one hash tag), so it stays Redis
 Cluster safe.
 
+An event with a second identity (a signed request's digest) first claims it across
+partitions (``app/queue/replays.py``), all of a batch's claims in one more round trip.
+
 Invariants:
 - At most one batch is in flight, and a batch holds events in call order, so events of one
   group key are XADDed in the order their ``enqueue`` calls were made.
@@ -26,6 +29,7 @@ from typing import Any, Protocol
 
 from redis.exceptions import NoScriptError
 
+from app.queue.replays import Claim, ReplayInFlight
 from app.queue.streams import ENQUEUE, EnqueueResult, EventQueue, NewEntry
 
 
@@ -40,6 +44,7 @@ class _Pending:
     partition: int
     keys: tuple[str, str, str, str]
     args: tuple[str, int, bytes]
+    claim: Claim | None
     future: asyncio.Future[EnqueueResult] = field(repr=False)
 
 
@@ -61,6 +66,7 @@ class EnqueueBatcher:
                 partition=partition,
                 keys=queue.enqueue_keys(partition, entry),
                 args=(entry.event_id, entry.dedup_window_ms, entry.data),
+                claim=queue.claim_of(entry),
                 future=future,
             )
         )
@@ -76,6 +82,47 @@ class EnqueueBatcher:
             await self._flush(batch)
 
     async def _flush(self, batch: list[_Pending]) -> None:
+        """Replay claims first (``replays.py``: one round trip, only when some events have a
+        second identity), then the partitions' scripts, then the claims settled. An event
+        whose claim an earlier event of the same batch takes gets that event's answer."""
+        leaders: dict[str, _Pending] = {}
+        followers: list[tuple[_Pending, _Pending]] = []
+        for item in batch:
+            if item.claim is not None:
+                leader = leaders.setdefault(item.claim.key, item)
+                if leader is not item:
+                    followers.append((item, leader))
+        claimed = list(leaders.values())
+        try:
+            held = await self.queue.replays.take([item.claim for item in claimed if item.claim])
+        except BaseException as exc:
+            for item in batch:
+                _fail(item.future, exc)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            return
+        answered = {id(follower) for follower, _ in followers}
+        for item, answer in zip(claimed, held, strict=True):
+            if answer is None:
+                continue
+            answered.add(id(item))
+            if isinstance(answer, ReplayInFlight):
+                _fail(item.future, answer)
+            elif not item.future.done():
+                item.future.set_result(EnqueueResult(answer, created=False))
+        going = [item for item in batch if id(item) not in answered]
+        try:
+            await self._enqueue(going)
+        finally:
+            await self.queue.replays.settle(
+                [(item.claim, _created_as(item.future)) for item in going if item.claim]
+            )
+            for follower, leader in followers:
+                _follow(follower.future, leader.future)
+
+    async def _enqueue(self, batch: list[_Pending]) -> None:
+        if not batch:
+            return
         by_partition: dict[int, list[_Pending]] = {}
         for item in batch:
             by_partition.setdefault(item.partition, []).append(item)
@@ -121,6 +168,27 @@ def _resolve(group: Sequence[_Pending], reply: Sequence[Any]) -> None:
         if not item.future.done():
             event_id = stored_id.decode() if isinstance(stored_id, bytes) else str(stored_id)
             item.future.set_result(EnqueueResult(event_id, bool(created)))
+
+
+def _created_as(future: asyncio.Future[EnqueueResult]) -> str | None:
+    """The event id an enqueue queued; None when it failed, never ran or found a duplicate
+    (its claim is then given back: that request's signed body was not what got queued)."""
+    if not future.done() or future.cancelled() or future.exception() is not None:
+        return None
+    result = future.result()
+    return result.event_id if result.created else None
+
+
+def _follow(future: asyncio.Future[EnqueueResult], leader: asyncio.Future[EnqueueResult]) -> None:
+    """An identical request's answer: a duplicate of whatever its leader was answered."""
+    if future.done():
+        return
+    if not leader.done() or leader.cancelled():
+        future.cancel()
+    elif (exc := leader.exception()) is not None:
+        future.set_exception(exc)
+    else:
+        future.set_result(EnqueueResult(leader.result().event_id, created=False))
 
 
 def _fail(future: asyncio.Future[EnqueueResult], exc: BaseException) -> None:

@@ -15,6 +15,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from app.leases import partition_lease_key
+from app.queue.replays import Claim, ReplayClaims, ReplayInFlight
 
 GROUP = b"eventgate"
 
@@ -94,6 +95,7 @@ class EventQueue:
         self.partitions = partitions
         self._enqueue = redis.register_script(ENQUEUE)
         self._ack = redis.register_script(_ACK)
+        self.replays = ReplayClaims(redis, prefix=prefix)
 
     def partition_of(self, group_key: str) -> int:
         return zlib.crc32(group_key.encode()) % self.partitions
@@ -135,15 +137,38 @@ class EventQueue:
             found = await pipe.execute()
         return any(found)
 
-    async def enqueue(self, entry: NewEntry) -> EnqueueResult:
-        """One event, one Lua call."""
-        keys = self.enqueue_keys(self.partition_of(entry.group_key), entry)
-        created, stored_id = await self._enqueue(
-            keys=list(keys), args=[entry.event_id, entry.dedup_window_ms, entry.data]
+    def claim_of(self, entry: NewEntry) -> Claim | None:
+        """The cross-partition claim of an event with a second identity (``replays.py``)."""
+        if entry.replay_id is None:
+            return None
+        return self.replays.claim_for(
+            entry.source, entry.replay_id, entry.event_id, entry.dedup_window_ms
         )
-        return EnqueueResult(
+
+    async def enqueue(self, entry: NewEntry) -> EnqueueResult:
+        """One event: one Lua call (plus its replay claim, when it has a second identity)."""
+        claim = self.claim_of(entry)
+        if claim is not None:
+            (held,) = await self.replays.take([claim])
+            if isinstance(held, ReplayInFlight):
+                raise held
+            if held is not None:
+                return EnqueueResult(held, created=False)
+        keys = self.enqueue_keys(self.partition_of(entry.group_key), entry)
+        try:
+            created, stored_id = await self._enqueue(
+                keys=list(keys), args=[entry.event_id, entry.dedup_window_ms, entry.data]
+            )
+        except BaseException:
+            if claim is not None:
+                await self.replays.settle([(claim, None)])
+            raise
+        result = EnqueueResult(
             stored_id.decode() if isinstance(stored_id, bytes) else stored_id, bool(created)
         )
+        if claim is not None:
+            await self.replays.settle([(claim, result.event_id if result.created else None)])
+        return result
 
     async def ensure_groups(self, partitions: list[int]) -> None:
         for partition in partitions:

@@ -1,0 +1,112 @@
+"""Replay claims across partitions (``app/queue/replays.py``) on the real Redis: what a claim
+left pending, a failed enqueue and identical requests in one batch are answered."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import orjson
+import pytest
+from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from app.queue.batching import EnqueueBatcher
+from app.queue.replays import PENDING, ReplayInFlight
+from app.queue.streams import EnqueueResult, EventQueue, NewEntry
+
+
+def _entry(event_id: str, group_key: str, *, replay: str = "sig-a") -> NewEntry:
+    return NewEntry(
+        event_id=event_id,
+        source="github",
+        delivery_id=f"d-{event_id}",
+        group_key=group_key,
+        data=orjson.dumps({"id": event_id}),
+        dedup_window_ms=60_000,
+        replay_id=replay,
+    )
+
+
+@pytest.fixture
+def queue(redis: Redis, redis_prefix: str) -> EventQueue:
+    return EventQueue(redis, prefix=redis_prefix, partitions=16)
+
+
+@pytest.mark.parametrize("batched", [True, False])
+async def test_a_replay_into_another_partition_is_a_duplicate(
+    queue: EventQueue, batched: bool
+) -> None:
+    enqueuer = EnqueueBatcher(queue) if batched else queue
+    assert queue.partition_of("acme/api") != queue.partition_of("octocat")
+    first = await enqueuer.enqueue(_entry("evt_1", "acme/api"))
+    replay = await enqueuer.enqueue(_entry("evt_2", "octocat"))
+    assert (first, replay) == (EnqueueResult("evt_1", True), EnqueueResult("evt_1", False))
+    assert (await queue.backlog())[0] == 1
+
+
+async def test_identical_requests_in_one_batch_get_one_event(queue: EventQueue) -> None:
+    batcher = EnqueueBatcher(queue)
+    answers = await asyncio.gather(
+        *(batcher.enqueue(_entry(f"evt_{n}", f"key-{n}")) for n in range(5))
+    )
+    assert batcher.round_trips == 1  # one flush: the partitions' scripts in one round trip
+    assert answers[0] == EnqueueResult("evt_0", True)
+    assert answers[1:] == [EnqueueResult("evt_0", False)] * 4
+    assert (await queue.backlog())[0] == 1
+
+
+async def test_a_concurrent_identical_request_waits_and_is_a_duplicate(
+    queue: EventQueue, redis: Redis
+) -> None:
+    claim = queue.claim_of(_entry("evt_1", "acme/api"))
+    assert claim is not None
+    await redis.set(claim.key, PENDING + "evt_1", px=5_000)  # evt_1 is being queued
+
+    async def settle_soon() -> None:
+        await asyncio.sleep(0.05)
+        await queue.replays.settle([(claim, "evt_1")])
+
+    settling = asyncio.create_task(settle_soon())
+    assert await queue.enqueue(_entry("evt_2", "octocat")) == EnqueueResult("evt_1", False)
+    await settling
+
+
+async def test_a_claim_left_pending_by_a_dead_process_is_a_503_until_it_expires(
+    queue: EventQueue, redis: Redis
+) -> None:
+    claim = queue.claim_of(_entry("evt_1", "acme/api"))
+    assert claim is not None
+    await redis.set(claim.key, PENDING + "evt_1", px=400)  # its process died mid-enqueue
+    with pytest.raises(ReplayInFlight):
+        await queue.enqueue(_entry("evt_2", "acme/api"))
+    await asyncio.sleep(0.5)
+    assert await queue.enqueue(_entry("evt_3", "acme/api")) == EnqueueResult("evt_3", True)
+
+
+class FailingQueue(EventQueue):
+    """The partition's script fails, as a dropped connection makes it fail."""
+
+    fail = True
+
+    def __init__(self, redis: Redis, *, prefix: str, partitions: int) -> None:
+        super().__init__(redis, prefix=prefix, partitions=partitions)
+        script = self._enqueue
+
+        async def enqueue(**kwargs: Any) -> Any:
+            if self.fail:
+                raise RedisConnectionError("Connection reset by peer")
+            return await script(**kwargs)
+
+        self._enqueue = enqueue  # type: ignore[assignment]
+
+
+async def test_a_failed_enqueue_gives_its_claim_back(redis: Redis, redis_prefix: str) -> None:
+    queue = FailingQueue(redis, prefix=redis_prefix, partitions=16)
+    with pytest.raises(RedisConnectionError):
+        await queue.enqueue(_entry("evt_1", "acme/api"))
+    claim = queue.claim_of(_entry("evt_1", "acme/api"))
+    assert claim is not None and await redis.get(claim.key) is None
+    queue.fail = False
+    # The sender's retry is queued at once, not refused as in flight.
+    assert await queue.enqueue(_entry("evt_2", "acme/api")) == EnqueueResult("evt_2", True)
