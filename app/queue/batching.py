@@ -83,8 +83,8 @@ class EnqueueBatcher:
 
     async def _flush(self, batch: list[_Pending]) -> None:
         """Replay claims first (``replays.py``: one round trip, only when some events have a
-        second identity), then the partitions' scripts, then the claims settled. An event
-        whose claim an earlier event of the same batch takes gets that event's answer."""
+        second identity), then the partitions' scripts. An event whose claim an earlier
+        event of the same batch takes gets that event's answer."""
         leaders: dict[str, _Pending] = {}
         followers: list[tuple[_Pending, _Pending]] = []
         for item in batch:
@@ -114,9 +114,13 @@ class EnqueueBatcher:
         try:
             await self._enqueue(going)
         finally:
-            await self.queue.replays.settle(
-                [(item.claim, _created_as(item.future)) for item in going if item.claim]
-            )
+            not_queued = [
+                item.claim
+                for item in going
+                if item.claim is not None and _created_as(item.future) is None
+            ]
+            if not_queued:
+                await self.queue.replays.give_back(not_queued)  # rare
             for follower, leader in followers:
                 _follow(follower.future, leader.future)
 
@@ -172,7 +176,7 @@ def _resolve(group: Sequence[_Pending], reply: Sequence[Any]) -> None:
 
 def _created_as(future: asyncio.Future[EnqueueResult]) -> str | None:
     """The event id an enqueue queued; None when it failed, never ran or found a duplicate
-    (its claim is then given back: that request's signed body was not what got queued)."""
+    (its claim is then given back)."""
     if not future.done() or future.cancelled() or future.exception() is not None:
         return None
     result = future.result()

@@ -5,20 +5,21 @@ checks them and queues the event). But the partition follows the group key, and 
 unsigned header picks the group key (GitHub's ``X-GitHub-Event``, a binary CloudEvent's
 ``ce-subject``) a captured signed request, relabelled, lands in another partition whose keys
 never saw it. So an event with a ``replay_id`` (a digest of what its signature covers) first
-claims ``{prefix}:replays:<digest>``, a key of its own (its own slot in a Redis Cluster):
+claims ``{prefix}:replays:<digest>``, a key of its own (its own slot in a Redis Cluster),
+with ``SET NX`` for the dedup window, naming the event and the partition key that will prove
+it queued (the partition's own replay key, which its enqueue script sets):
 
-1. claim: ``SET NX`` the key to ``pending:<event id>`` for a short while. Held by an event id
-   → a duplicate of that event, answered without queueing. Held by ``pending:...`` → an
-   identical request is being queued right now: wait for it (about 0.2 s at most), then
-   ``ReplayInFlight`` (503, retry).
-2. the partition's enqueue script runs as before (its own dedup keys included);
-3. settle: the key is set to the event id the partition queued, for the dedup window; if
-   the enqueue failed, or the partition found a duplicate (by delivery id: then this body is
-   not what got queued), the pending claim is given back (only if still ours).
+- claimed → the partition's enqueue script runs as before (its own dedup keys included);
+- held, and the holder's proof key names the holder → a duplicate of that event;
+- held, no proof yet → the holder is being queued right now: wait for it (about 0.2 s at
+  most); still no proof → it never was queued (its enqueue failed, or found a duplicate by
+  delivery id, or its process died): take the claim over (compare-and-set) and go on.
 
-A process that dies between 1 and 3 leaves the pending claim for ``PENDING_MS``: the
-sender's retries get 503 until then, and after it a replay into the same partition is still
-caught there. Events without a ``replay_id`` skip all this (no extra round trip).
+No second round trip to confirm a claim: one pipelined ``SET NX`` per batch is the whole cost
+on the common path. An enqueue that fails, or finds a duplicate, gives its claim back at
+once (rare). If two identical requests race and the first one's enqueue takes longer than
+the wait, both may be queued, each in its partition (the sender's own retries land in the
+same partition, where its dedup keys catch them).
 """
 
 from __future__ import annotations
@@ -33,20 +34,21 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 log = structlog.get_logger(__name__)
-PENDING = "pending:"
-PENDING_MS = 10_000
-# How long a request waits for an identical one being queued before answering 503.
+# How long a request waits for an identical one being queued before taking its claim over.
 WAIT_ROUNDS = 10
 WAIT_SECONDS = 0.02
 
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
+# Compare-and-set / compare-and-delete of one claim (one key: one slot).
+_SWAP = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+if ARGV[2] == '' then return redis.call('DEL', KEYS[1]) end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+return 1
 """
 
 
 class ReplayInFlight(Exception):
-    """An identical signed request is being queued at this moment; retry shortly."""
+    """An identical signed request holds the claim and could not be waited for."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,31 +56,44 @@ class Claim:
     key: str
     event_id: str
     window_ms: int
+    proof_key: str  # the partition's replay key: it names the event once queued
+
+    @property
+    def value(self) -> str:
+        return f"{self.event_id} {self.proof_key}"
 
 
 class ReplayClaims:
     def __init__(self, redis: Redis, *, prefix: str) -> None:
         self.redis = redis
         self.prefix = prefix
-        self._release = redis.register_script(_RELEASE)
+        self._swap = redis.register_script(_SWAP)
 
-    def claim_for(self, source: str, replay_id: str, event_id: str, window_ms: int) -> Claim:
+    def claim_key(self, source: str, replay_id: str) -> str:
         digest = hashlib.sha256(f"{source}\0{replay_id}".encode()).hexdigest()[:32]
-        return Claim(f"{self.prefix}:replays:{digest}", event_id, window_ms)
+        return f"{self.prefix}:replays:{digest}"
 
     async def take(self, claims: Sequence[Claim]) -> list[str | ReplayInFlight | None]:
         """One pipelined round trip (more only when some are held). Per claim: None when it
-        is now ours; the event id of the request that holds it; or ``ReplayInFlight`` when
-        an identical request is still being queued after a short wait (it usually takes one
-        round trip: a concurrent redelivery is then answered as its duplicate)."""
+        is now ours; the event id of the request that holds it (a duplicate); or
+        ``ReplayInFlight`` when the claim moved under us while taking it over."""
         if not claims:
             return []
         async with self.redis.pipeline(transaction=False) as pipe:
             for claim in claims:
-                pipe.set(claim.key, PENDING + claim.event_id, nx=True, px=PENDING_MS)
+                pipe.set(claim.key, claim.value, nx=True, px=claim.window_ms)
             taken = await pipe.execute()
         out: list[str | ReplayInFlight | None] = [None] * len(claims)
-        waiting = [i for i, ok in enumerate(taken) if not ok]
+        held = [i for i, ok in enumerate(taken) if not ok]
+        if held:
+            for i, answer in zip(held, await self._held([claims[i] for i in held]), strict=True):
+                out[i] = answer
+        return out
+
+    async def _held(self, claims: list[Claim]) -> list[str | ReplayInFlight | None]:
+        answers: list[str | ReplayInFlight | None] = [None] * len(claims)
+        holders: list[str | None] = [None] * len(claims)
+        waiting = list(range(len(claims)))
         for attempt in range(WAIT_ROUNDS):
             if attempt:
                 await asyncio.sleep(WAIT_SECONDS)
@@ -86,37 +101,47 @@ class ReplayClaims:
                 for i in waiting:
                     pipe.get(claims[i].key)
                 values = await pipe.execute()
-            still = []
+            proofs: list[tuple[int, str, str]] = []
             for i, value in zip(waiting, values, strict=True):
                 text = value.decode() if isinstance(value, bytes) else value
-                if text is None or text.startswith(PENDING):
-                    still.append(i)  # being queued (or given back a moment ago)
-                else:
-                    out[i] = text
-            waiting = still
+                holders[i] = text
+                if text is not None:
+                    holder, _, proof_key = text.partition(" ")
+                    proofs.append((i, holder, proof_key))
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for _, _, proof_key in proofs:
+                    pipe.get(proof_key)
+                proven = await pipe.execute() if proofs else []
+            settled = set()
+            for (i, holder, _), proof in zip(proofs, proven, strict=True):
+                if (proof.decode() if isinstance(proof, bytes) else proof) == holder:
+                    answers[i] = holder  # queued: this one is its duplicate
+                    settled.add(i)
+            waiting = [i for i in waiting if i not in settled]
             if not waiting:
-                break
+                return answers
+        # Never proven queued: take the claims over, unless they moved meanwhile.
         for i in waiting:
-            out[i] = ReplayInFlight("an identical signed request is being queued now")
-        return out
+            claim = claims[i]
+            expected = holders[i]
+            if expected is None:
+                ok = await self.redis.set(claim.key, claim.value, nx=True, px=claim.window_ms)
+            else:
+                ok = await self._swap(
+                    keys=[claim.key], args=[expected, claim.value, claim.window_ms]
+                )
+            if not ok:
+                answers[i] = ReplayInFlight("an identical signed request is being queued now")
+        return answers
 
-    async def settle(self, settled: Sequence[tuple[Claim, str | None]]) -> None:
-        """For each claim taken: the event id it was queued as, or None when it was not
-        queued (the claim is given back if still ours).
-
-        Never raises: the events are queued (or were refused) whatever happens here. A claim
-        that could not be settled stays pending until ``PENDING_MS``."""
-        if not settled:
-            return
+    async def give_back(self, claims: Sequence[Claim]) -> None:
+        """Claims whose events were not queued (the enqueue failed, or found a duplicate by
+        delivery id), given back if still theirs. Never raises: a claim left behind is taken
+        over by the next identical request after its short wait."""
         try:
-            queued = [(claim, event_id) for claim, event_id in settled if event_id is not None]
-            if queued:
-                async with self.redis.pipeline(transaction=False) as pipe:
-                    for claim, queued_as in queued:
-                        pipe.set(claim.key, queued_as, px=claim.window_ms)
-                    await pipe.execute()
-            for claim, event_id in settled:  # failures only: rare, one call each
-                if event_id is None:
-                    await self._release(keys=[claim.key], args=[PENDING + claim.event_id])
+            for claim in claims:
+                await self._swap(keys=[claim.key], args=[claim.value, "", 0])
         except (RedisError, OSError) as exc:
-            log.warning("replay_claims_unsettled", claims=len(settled), error=type(exc).__name__)
+            log.warning(
+                "replay_claims_not_given_back", claims=len(claims), error=type(exc).__name__
+            )

@@ -141,12 +141,17 @@ class EventQueue:
         """The cross-partition claim of an event with a second identity (``replays.py``)."""
         if entry.replay_id is None:
             return None
-        return self.replays.claim_for(
-            entry.source, entry.replay_id, entry.event_id, entry.dedup_window_ms
+        return Claim(
+            key=self.replays.claim_key(entry.source, entry.replay_id),
+            event_id=entry.event_id,
+            window_ms=entry.dedup_window_ms,
+            proof_key=self.replay_key(
+                self.partition_of(entry.group_key), entry.source, entry.replay_id
+            ),
         )
 
     async def enqueue(self, entry: NewEntry) -> EnqueueResult:
-        """One event: one Lua call (plus its replay claim, when it has a second identity)."""
+        """One event: one Lua call (after its replay claim, when it has a second identity)."""
         claim = self.claim_of(entry)
         if claim is not None:
             (held,) = await self.replays.take([claim])
@@ -161,14 +166,13 @@ class EventQueue:
             )
         except BaseException:
             if claim is not None:
-                await self.replays.settle([(claim, None)])
+                await self.replays.give_back([claim])
             raise
-        result = EnqueueResult(
+        if claim is not None and not created:
+            await self.replays.give_back([claim])
+        return EnqueueResult(
             stored_id.decode() if isinstance(stored_id, bytes) else stored_id, bool(created)
         )
-        if claim is not None:
-            await self.replays.settle([(claim, result.event_id if result.created else None)])
-        return result
 
     async def ensure_groups(self, partitions: list[int]) -> None:
         for partition in partitions:

@@ -12,7 +12,6 @@ from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from app.queue.batching import EnqueueBatcher
-from app.queue.replays import PENDING, ReplayInFlight
 from app.queue.streams import EnqueueResult, EventQueue, NewEntry
 
 
@@ -61,27 +60,28 @@ async def test_a_concurrent_identical_request_waits_and_is_a_duplicate(
 ) -> None:
     claim = queue.claim_of(_entry("evt_1", "acme/api"))
     assert claim is not None
-    await redis.set(claim.key, PENDING + "evt_1", px=5_000)  # evt_1 is being queued
+    await redis.set(claim.key, claim.value, px=5_000)  # evt_1 is being queued
 
-    async def settle_soon() -> None:
+    async def queued_soon() -> None:
         await asyncio.sleep(0.05)
-        await queue.replays.settle([(claim, "evt_1")])
+        await redis.set(claim.proof_key, "evt_1", px=5_000)  # what its script sets
 
-    settling = asyncio.create_task(settle_soon())
+    queueing = asyncio.create_task(queued_soon())
     assert await queue.enqueue(_entry("evt_2", "octocat")) == EnqueueResult("evt_1", False)
-    await settling
+    await queueing
+    assert (await queue.backlog())[0] == 0
 
 
-async def test_a_claim_left_pending_by_a_dead_process_is_a_503_until_it_expires(
+async def test_a_claim_whose_event_never_got_queued_is_taken_over(
     queue: EventQueue, redis: Redis
 ) -> None:
+    """Its process died between the claim and the enqueue: the sender's retry waits about
+    0.2 s, then is queued."""
     claim = queue.claim_of(_entry("evt_1", "acme/api"))
     assert claim is not None
-    await redis.set(claim.key, PENDING + "evt_1", px=400)  # its process died mid-enqueue
-    with pytest.raises(ReplayInFlight):
-        await queue.enqueue(_entry("evt_2", "acme/api"))
-    await asyncio.sleep(0.5)
-    assert await queue.enqueue(_entry("evt_3", "acme/api")) == EnqueueResult("evt_3", True)
+    await redis.set(claim.key, claim.value, px=60_000)
+    assert await queue.enqueue(_entry("evt_2", "acme/api")) == EnqueueResult("evt_2", True)
+    assert await queue.enqueue(_entry("evt_3", "octocat")) == EnqueueResult("evt_2", False)
 
 
 class FailingQueue(EventQueue):
