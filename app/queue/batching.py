@@ -95,11 +95,8 @@ class EnqueueBatcher:
         claimed = list(leaders.values())
         try:
             held = await self.queue.replays.take([item.claim for item in claimed if item.claim])
-        except BaseException as exc:
-            for item in batch:
-                _fail(item.future, exc)
-            if isinstance(exc, asyncio.CancelledError):
-                raise
+        except BaseException as exc:  # noqa: BLE001 (a cancel is re-raised by _fail_all)
+            _fail_all(batch, exc)
             return
         answered = {id(follower) for follower, _ in followers}
         for item, answer in zip(claimed, held, strict=True):
@@ -141,11 +138,8 @@ class EnqueueBatcher:
                 again = await self._send([groups[i] for i in lost])
                 for i, reply in zip(lost, again, strict=True):
                     replies[i] = reply
-        except BaseException as exc:
-            for item in batch:
-                _fail(item.future, exc)
-            if isinstance(exc, asyncio.CancelledError):
-                raise
+        except BaseException as exc:  # noqa: BLE001 (a cancel is re-raised by _fail_all)
+            _fail_all(batch, exc)
             return
         for group, reply in zip(groups, replies, strict=True):
             if isinstance(reply, BaseException):
@@ -193,6 +187,14 @@ def _follow(future: asyncio.Future[EnqueueResult], leader: asyncio.Future[Enqueu
         future.set_exception(exc)
     else:
         future.set_result(EnqueueResult(leader.result().event_id, created=False))
+
+
+def _fail_all(batch: Sequence[_Pending], exc: BaseException) -> None:
+    """Every caller of the batch gets ``exc``; a cancel goes on up (re-raised)."""
+    for item in batch:
+        _fail(item.future, exc)
+    if isinstance(exc, asyncio.CancelledError):
+        raise exc
 
 
 def _fail(future: asyncio.Future[EnqueueResult], exc: BaseException) -> None:
