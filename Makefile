@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install run test lint typecheck check bench fake-claude clean
+.PHONY: install run test lint typecheck check bench image-check fake-claude clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,9 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 check: lint typecheck test
+
+image-check: $(STAMP)  ## build the image without a registry and check what it does (root, Debian)
+	bash deploy/image-check.sh
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.run_all
