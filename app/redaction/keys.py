@@ -62,6 +62,10 @@ QUALIFIERS = frozenset(
     {"confirmation", "confirm", "value", "plain", "plaintext", "raw", "b64", "base64"}
     | {"new", "old", "current"}
 )
+# The last two letters of every word a secret-naming key can end with (a secret word, the
+# second word of a pair, a qualifier), for scans that skip keys which cannot name one.
+NAME_ENDS = frozenset(word[-2:] for word in (*WORDS, *(b for _, b in PAIRS), *QUALIFIERS))
+_SECOND_WORDS = frozenset(b for _, b in PAIRS)
 # What separates the words of a key (camelCase aside).
 _SEP = "[-_. ]"
 
@@ -72,6 +76,7 @@ _SPLIT = re.compile(f"{_SEP}+")
 _DECIDED: dict[str, str | None] = {}
 _CACHED_KEYS = 4096
 _CACHED_KEY_CHARS = 80
+_TAIL_CHARS = 256
 
 
 def secret_kind(key: str) -> str | None:
@@ -88,11 +93,42 @@ def secret_kind(key: str) -> str | None:
     return kind
 
 
+def needs_words_before(word: str) -> bool:
+    """Whether a key ending with ``word`` (one word of a text, no spaces) can name a secret
+    only with the words before it: ``key`` of "api key", ``2`` of "password 2",
+    ``confirmation`` of "password confirmation"."""
+    # A word that decides is short: its end is enough, whatever the length of ``word``.
+    ends = _words(word[-24:])
+    return not ends or ends[-1] in _SECOND_WORDS or ends[-1] in QUALIFIERS
+
+
+def _words(key: str) -> list[str]:
+    """The key's words, in lower case, trailing digits dropped."""
+    words = (w.rstrip("0123456789") for w in _SPLIT.split(_CAMEL.sub(" ", key).lower()))
+    return [w for w in words if w]
+
+
 def _decide(key: str) -> str | None:
-    words = [w.rstrip("0123456789") for w in _SPLIT.split(_CAMEL.sub(" ", key).lower())]
-    words = [w for w in words if w]
+    # Only the end decides: a long key is read from its last characters when they hold three
+    # words or more once qualifiers are dropped (the first may be cut, the last two are
+    # whole), and whole otherwise, so a made-up key of 60,000 characters costs a slice.
+    if len(key) > _TAIL_CHARS:
+        tail = _named_words(key[-_TAIL_CHARS:])
+        if len(tail) >= 3:
+            return _decide_words(tail[-2:])
+    return _decide_words(_named_words(key))
+
+
+def _named_words(key: str) -> list[str]:
+    """The key's words, without the qualifiers that end it."""
+    words = _words(key)
     while words and words[-1] in QUALIFIERS:
         words.pop()
+    return words
+
+
+def _decide_words(words: list[str]) -> str | None:
+    """The kind named by ``words`` (the whole key when it is one word)."""
     if not words:
         return None
     if len(words) >= 2 and (kind := PAIRS.get((words[-2], words[-1]))) is not None:
@@ -107,14 +143,13 @@ def _decide(key: str) -> str | None:
     return None
 
 
-def name_pattern(*, case_blind: bool = True) -> str:
-    """A regex matching the end of every key the rule calls secret, up to where a separator
-    (``:``, ``=``, a closing quote) may follow: a superset of the rule, for scans that must
-    not miss a key (``password``, ``apiKey``, ``client_secret_2``, ``token_value``). Without
-    ``case_blind`` it is for lower-cased text; it has no look-around either way, so the Rust
-    engine of ``app.redaction.text`` runs it too."""
+def name_pattern() -> str:
+    """A regex matching, in lower-cased text, the end of every key the rule calls secret, up
+    to where a separator (``:``, ``=``, a closing quote) may follow: a superset of the rule,
+    for scans that must not miss a key (``password``, ``apikey``, ``client_secret_2``,
+    ``token_value``). It has no look-around, so the Rust engine of ``app.redaction.text``
+    runs it."""
     singles = "|".join(sorted(WORDS, key=len, reverse=True))
     pairs = "|".join(f"{a}{_SEP}*{b}" for a, b in PAIRS)
     tail = "|".join(sorted(QUALIFIERS, key=len, reverse=True))
-    names = f"(?:{pairs}|{singles})(?:[-_. 0-9]|{tail})*"
-    return f"(?i:{names})" if case_blind else names
+    return f"(?:{pairs}|{singles})(?:[-_. 0-9]|{tail})*"

@@ -105,6 +105,20 @@ def test_keys_that_only_mention_a_secret(key: str) -> None:
 
 
 @pytest.mark.parametrize(
+    ("key", "kind"),
+    [
+        ("x_" * 200 + "api_key", "api_key"),
+        ("a." * 30_000, None),
+        ("password" + "_new" * 100, "password"),  # only qualifiers in the last characters
+        ("x" * 300 + "password", "password"),  # one word: it ends with a secret word
+        ("db_" + "x" * 300 + "password", None),  # two words: the last is not a secret word
+    ],
+)
+def test_long_keys_are_decided_as_short_ones(key: str, kind: str | None) -> None:
+    assert secret_kind(key) == kind
+
+
+@pytest.mark.parametrize(
     "value",
     ["hunter2", 12345, 4111111111111111, None, True, {"user": "a", "pass": "b"}, ["x", "y"]],
 )
