@@ -3,7 +3,9 @@
 A GitHub issue body (65,536 characters, anyone can write one on a public repository, and
 GitHub signs the delivery) once cost some 12 s of redaction as "password" + 60,000 spaces +
 "bearer": the assignment rule's key and separator both took spaces, and Python's ``re`` tried
-every split. Each rule is linear now; ``python -m bench.redaction`` measures the hostile
+every split. An unknown source name in the URL (up to the 64 KiB head) went through the same
+rules in the rejection log line. Each rule is linear now and a log value is cut to
+``LOG_VALUE_CHARS`` before it is read; ``python -m bench.redaction`` measures the hostile
 shapes against plain text of the same size. These tests only hold the process to answering
 ``/healthz`` meanwhile, with a margin that timing noise cannot reach.
 """
@@ -18,6 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from app.observability.logging import LOG_VALUE_CHARS
 from tests.support import GatewayProcess, github_request, issue_payload
 
 GITHUB_SECRET = "stall-github-secret-0123456789"
@@ -80,3 +83,16 @@ def test_a_github_issue_body_does_not_stall_the_process(gateway: GatewayProcess)
     waited, answers = _health_while(gateway, send)
     assert answers == [202]
     assert waited < 2.0, f"/healthz waited {waited:.1f} s behind one webhook's redaction"
+
+
+def test_an_unknown_source_name_does_not_stall_the_process(gateway: GatewayProcess) -> None:
+    """No credential at all: the source name in the URL goes into the ``webhook_rejected``
+    line's ``detail``, which the log processor cuts before its rules read it."""
+    name = "password" + "%20" * 21_000 + "bearer"
+    send = httpx.Request("POST", f"{gateway.url}/v1/webhooks/{name}", content=b"{}")
+    waited, answers = _health_while(gateway, send)
+    assert answers == [404]
+    assert waited < 0.5, f"/healthz waited {waited:.1f} s behind one rejected request's log line"
+    (rejected,) = [e for e in gateway.log_events() if e.get("event") == "webhook_rejected"]
+    assert "characters cut]…" in rejected["detail"]
+    assert len(rejected["detail"]) < LOG_VALUE_CHARS + 64
