@@ -12,6 +12,12 @@ and so are trailing words that do not change what the value is (``confirmation``
 - its last two words are a secret pair (api key, access key, secret key, private key,
   session id, card number ...).
 
+A plural names the same secret (``passwords``, ``api_keys``, ``accessKeys``: a list or a map of
+them), except ``tokens`` after anything but a word that says what the tokens are for
+(``access_tokens``, ``refresh_tokens``, ``id_tokens`` hold tokens; ``max_tokens``,
+``input_tokens`` and ``tokens_used`` count them). ``auths``, ``authorizations`` and ``pans``
+are not plurals of secrets either (registry maps, payment authorisations, cooking).
+
 Only the end of the key decides, because the end says what the value is:
 ``access_tokens_url`` and ``keys_url`` are URLs, ``token_type`` a type, ``max_tokens`` and
 ``tokens_used`` counts, ``aws_access_key_id`` an identifier, ``password_hash`` a hash.
@@ -36,6 +42,9 @@ WORDS = {
     "sessionid": "session",
     **dict.fromkeys(("cardnumber", "ccnumber", "pan", "cvv", "cvc", "ccv"), "card"),
 }
+# Plurals: every secret word but these (see the rule above).
+_NO_PLURAL = frozenset({"token", "auth", "authorization", "pan"})
+WORDS |= {f"{w}s": kind for w, kind in WORDS.items() if w[-1] != "s" and w not in _NO_PLURAL}
 # A one-word key ending with one of these (``dbpassword``, ``authtoken``, ``jsessionid``) is a
 # secret too; short words are left out, since ``span`` ends with ``pan`` and ``oauth`` is not
 # ``auth``.
@@ -58,6 +67,12 @@ PAIRS = {
     ("credit", "card"): "card",
     ("security", "code"): "card",
 }
+PAIRS |= {(first, f"{second}s"): kind for (first, second), kind in PAIRS.items()}
+# Tokens for something: "tokens" alone counts them.
+PAIRS |= dict.fromkeys(
+    ((word, "tokens") for word in ("access", "refresh", "auth", "api", "bearer", "id", "session")),
+    "token",
+)
 QUALIFIERS = frozenset(
     {"confirmation", "confirm", "value", "plain", "plaintext", "raw", "b64", "base64"}
     | {"new", "old", "current"}

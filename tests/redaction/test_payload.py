@@ -68,6 +68,11 @@ BASIC = base64.b64encode(b"deploy:S3cr3t-basic").decode()
         ("cvv", "card"),
         ("cvv2", "card"),
         ("user.password", "password"),
+        ("passwords", "password"),
+        ("api_keys", "api_key"),
+        ("accessKeys", "access_key"),
+        ("access_tokens", "token"),
+        ("credit_cards", "card"),
     ],
 )
 def test_keys_naming_a_secret(key: str, kind: str) -> None:
@@ -98,6 +103,9 @@ def test_keys_naming_a_secret(key: str, kind: str) -> None:
         "id",
         "number",
         "signature",
+        "tokens",
+        "auths",
+        "pans",
     ],
 )
 def test_keys_that_only_mention_a_secret(key: str) -> None:
