@@ -77,6 +77,7 @@ QUALIFIERS = frozenset(
     {"confirmation", "confirm", "value", "plain", "plaintext", "raw", "b64", "base64"}
     | {"new", "old", "current"}
 )
+CARD_WORDS = frozenset({"card", "cards", "cc", "creditcard", "creditcards"})
 # The last two letters of every word a secret-naming key can end with (a secret word, the
 # second word of a pair, a qualifier), for scans that skip keys which cannot name one.
 NAME_ENDS = frozenset(word[-2:] for word in (*WORDS, *(b for _, b in PAIRS), *QUALIFIERS))
@@ -106,6 +107,13 @@ def secret_kind(key: str) -> str | None:
             _DECIDED.clear()
         _DECIDED[key] = kind
     return kind
+
+
+def names_card(key: str) -> bool:
+    """Whether ``key`` names a card itself (``card``, ``credit_card``, ``cards``, ``cc``): what
+    sits under it is card data, a card number among it."""
+    words = _named_words(key)
+    return bool(words) and words[-1] in CARD_WORDS
 
 
 def needs_words_before(word: str) -> bool:

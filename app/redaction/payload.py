@@ -4,7 +4,9 @@ Every dict key is judged by ``secret_kind`` (its value, whatever its type, becom
 ``"[REDACTED:<kind>]"``), every string by the text rules, and a string holding a JSON object
 or array is parsed, walked, and serialised back only when something in it was redacted (so
 ``"{\\"password\\": \\"x\\"}"`` is caught, at any number of levels, and untouched JSON text keeps
-its spacing). Numbers are redacted only by their key: 18-19 digit ids are common.
+its spacing). Numbers are redacted only by their key, since 18-19 digit ids are common: a
+number under a secret key, and a card number (issuer prefix, Luhn sum) whose key or whose
+container's key names a card (``{"card": {"number": 4111...}}``).
 
 Invariants:
 - The input is never changed; the result is a new value (or the input itself, from
@@ -23,13 +25,15 @@ from typing import Any
 
 import orjson
 
-from app.redaction.keys import secret_kind
+from app.redaction.cards import is_card_number
+from app.redaction.keys import names_card, secret_kind
 from app.redaction.text import may_hold_secret, redact_text
 
 # orjson serialises up to 254 levels of nesting; the walk refuses what it could not write back.
 MAX_DEPTH = 254
 # No rule matches fewer characters ("pwd=x").
 _SHORTEST_MATCH = 5
+_SMALLEST_CARD = 10**12  # 13 digits
 
 
 class NestingTooDeep(ValueError):
@@ -80,10 +84,11 @@ def _walk(root: dict[str, Any] | list[Any], *, escapes: int = 0) -> bool:
 
     ``escapes`` counts the JSON documents held in strings around ``root``."""
     changed = False
-    stack: list[tuple[dict[str, Any] | list[Any], int]] = [(root, 1)]
+    # (container, its depth, the key it sits under)
+    stack: list[tuple[dict[str, Any] | list[Any], int, object]] = [(root, 1, None)]
     # Assigning to an existing key or index while iterating is safe: sizes stay the same.
     while stack:
-        node, depth = stack.pop()
+        node, depth, under = stack.pop()
         entries = node.items() if isinstance(node, dict) else enumerate(node)
         for key, value in entries:
             if type(key) is str and (kind := secret_kind(key)) is not None:
@@ -92,16 +97,28 @@ def _walk(root: dict[str, Any] | list[Any], *, escapes: int = 0) -> bool:
                 redacted = _redact_string(value, escapes=escapes)
                 if redacted is value:
                     continue
+            elif type(value) is int and _card_number_under_card(value, key, under):
+                redacted = "[REDACTED:card]"
             else:
                 if isinstance(value, dict | list):
                     if depth >= MAX_DEPTH:
                         raise NestingTooDeep
                     if value:
-                        stack.append((value, depth + 1))
+                        stack.append((value, depth + 1, key))
                 continue
             node[key] = redacted  # type: ignore[index]
             changed = True
     return changed
+
+
+def _card_number_under_card(value: int, key: object, under: object) -> bool:
+    """A card number whose key, or the key of the object or array holding it, names a card:
+    ``{"card": 4111...}``, ``{"card": {"number": 4111...}}``, ``{"cards": [4111...]}``."""
+    return (
+        value >= _SMALLEST_CARD
+        and is_card_number(str(value))
+        and any(type(name) is str and names_card(name) for name in (key, under))
+    )
 
 
 def _redact_string(text: str, *, escapes: int = 0) -> str:

@@ -39,3 +39,30 @@ def test_plural_secret_keys_are_redacted(payload: dict[str, Any]) -> None:
 def test_tokens_alone_are_counted_not_secret() -> None:
     usage = {"usage": {"max_tokens": 1024, "input_tokens": 17, "tokens": 30}, "auths": {"a": 1}}
     assert _stored(usage) == orjson.dumps(usage).decode()
+
+
+CARD = 4111111111111111
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {"payment": {"card": CARD, "amount": 1200}},
+        # Stripe's shape: card[number], card[exp_month], card[cvc].
+        {"source": {"card": {"number": CARD, "exp_month": 12, "cvc": 123}}},
+        {"customer": {"cards": [CARD, 5555555555554444]}},
+    ],
+    ids=["card", "card.number", "cards"],
+)
+def test_a_card_number_sent_as_a_json_number_under_a_card_key_is_redacted(
+    payload: dict[str, Any],
+) -> None:
+    assert str(CARD) not in _stored(payload)
+
+
+def test_numbers_under_a_card_that_are_no_card_number_are_kept() -> None:
+    payload = {
+        "card": {"id": 1700000000000, "exp_month": 12, "last4": 1111, "number": 4111111111111112},
+        "order": {"id": CARD},  # a Luhn-valid id: numbers are redacted by their key only
+    }
+    assert _stored(payload) == orjson.dumps(payload).decode()
