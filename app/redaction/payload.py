@@ -1,7 +1,8 @@
 """The structural walk over a JSON payload.
 
 Every dict key is judged by ``secret_kind`` (its value, whatever its type, becomes
-``"[REDACTED:<kind>]"``), every string by the text rules, and a string holding a JSON object
+``"[REDACTED:<kind>]"``) and by the text rules (a key that is itself a credential is
+renamed), every string by the text rules, and a string holding a JSON object
 or array is parsed, walked, and serialised back only when something in it was redacted (so
 ``"{\\"password\\": \\"x\\"}"`` is caught, at any number of levels, and untouched JSON text keeps
 its spacing). Numbers are redacted only by their key, since 18-19 digit ids are common: a
@@ -34,6 +35,11 @@ MAX_DEPTH = 254
 # No rule matches fewer characters ("pwd=x").
 _SHORTEST_MATCH = 5
 _SMALLEST_CARD = 10**12  # 13 digits
+# Keys the text rules leave alone, up to _REMEMBERED_KEY_CHARS long; emptied when full, so a
+# sender making up keys cannot grow it. Keys that hold a secret are never remembered.
+_PLAIN_KEYS: set[str] = set()
+_REMEMBERED_KEYS = 4096
+_REMEMBERED_KEY_CHARS = 80
 
 
 class NestingTooDeep(ValueError):
@@ -108,7 +114,43 @@ def _walk(root: dict[str, Any] | list[Any], *, escapes: int = 0) -> bool:
                 continue
             node[key] = redacted  # type: ignore[index]
             changed = True
+        if isinstance(node, dict) and _redact_keys(node):
+            changed = True
     return changed
+
+
+def _redact_keys(node: dict[str, Any]) -> bool:
+    """Keys that look like credentials (a map keyed by token, a header line as a key) renamed
+    by the text rules, in place and in order; True when one was. Keys that become the same
+    name are told apart by a number: ``[REDACTED:api_key]``, ``[REDACTED:api_key] (2)``."""
+    renamed = {key: new for key in node if (new := _redacted_key(key)) is not key}
+    if not renamed:
+        return False
+    entries = list(node.items())
+    node.clear()
+    taken = {key for key, _ in entries if key not in renamed}
+    for key, value in entries:
+        name = key
+        if (redacted := renamed.get(key)) is not None:
+            name, n = redacted, 2
+            while name in taken:
+                name, n = f"{redacted} ({n})", n + 1
+            taken.add(name)
+        node[name] = value
+    return True
+
+
+def _redacted_key(key: str) -> str:
+    """``key`` after the text rules: the same object when none applies (known keys are
+    remembered, so a payload's keys cost a set lookup each)."""
+    if key in _PLAIN_KEYS or len(key) < _SHORTEST_MATCH:
+        return key
+    redacted = redact_text(key)
+    if redacted is key and len(key) <= _REMEMBERED_KEY_CHARS:
+        if len(_PLAIN_KEYS) >= _REMEMBERED_KEYS:
+            _PLAIN_KEYS.clear()
+        _PLAIN_KEYS.add(key)
+    return redacted
 
 
 def _card_number_under_card(value: int, key: object, under: object) -> bool:

@@ -66,3 +66,32 @@ def test_numbers_under_a_card_that_are_no_card_number_are_kept() -> None:
         "order": {"id": CARD},  # a Luhn-valid id: numbers are redacted by their key only
     }
     assert _stored(payload) == orjson.dumps(payload).decode()
+
+
+GITHUB_TOKEN = "ghp_Zx8Kq2Lm4Np6Rs8Tv0Wy2Ab4Cd6Ef8Gh0Ij"
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        # A map keyed by token (token → scopes, session id → user) is a common shape.
+        {"tokens": {GITHUB_TOKEN: ["repo", "admin:org"]}},
+        {"headers": {f"Authorization: Bearer {GITHUB_TOKEN}": True}},
+        {"hook": orjson.dumps({GITHUB_TOKEN: 1}).decode()},  # JSON held in a string
+    ],
+    ids=["token-as-key", "header-line-as-key", "in-json-text"],
+)
+def test_a_credential_used_as_a_key_is_redacted(payload: dict[str, Any]) -> None:
+    assert GITHUB_TOKEN not in _stored(payload)
+
+
+def test_keys_that_become_the_same_name_are_all_kept() -> None:
+    other = "ghp_" + "Q" * 36
+    redacted, _ = redact_to_json({"first": 1, GITHUB_TOKEN: ["repo"], other: ["gist"], "z": 2})
+    assert redacted == {
+        "first": 1,
+        "[REDACTED:api_key]": ["repo"],
+        "[REDACTED:api_key] (2)": ["gist"],
+        "z": 2,
+    }
+    assert list(redacted) == ["first", "[REDACTED:api_key]", "[REDACTED:api_key] (2)", "z"]
