@@ -119,6 +119,8 @@ def hostile_shapes(size: int) -> dict[str, str]:
         "basic + base64 run": "basic " + "A" * size + "===",
         "eyJ- repeated": "eyJ-" * (size // 4),
         "a.a.a + :// + bearer": "a." * (size // 2) + "://x bearer",
+        "password: + words": "password: " + "a " * (size // 2),
+        "-a -a -a + bearer": "-a " * (size // 3) + "bearer",
     }
 
 

@@ -1,6 +1,14 @@
-"""``key=value`` and ``key: value`` whose key names a secret (the rule of
-``app.redaction.keys``): form bodies, query strings, headers, log lines, JSON text with escaped
-quotes. The value is replaced; the key, the separator and the quotes around the value stay.
+"""``key=value``, ``key: value`` and ``--key value`` whose key names a secret (the rule of
+``app.redaction.keys``): form bodies, query strings, headers, log lines, config files,
+command lines, JSON text with escaped quotes. The value is replaced; the key, the separator
+and the quotes around the value stay.
+
+What the value is: up to the closing quote when it is quoted; one word when the separator
+touches it (``password=hunter2 user=bob``, logfmt and query strings); and when a space
+follows the separator (``passphrase = correct horse battery staple``, ``Password: ...``), the
+words after it on the same line, up to a quote, a backslash, one of ``& , ; ( ) { } < > [ ]``
+or a word that starts the next ``key:`` or ``key=``. An option's value (``--password x``,
+``-password x``) is the next word or quoted string, unless it starts with ``-``.
 
 A key is up to three words of key characters (``[A-Za-z0-9_.-]``) separated by spaces, the
 last one touching the separator: "db password: ...", "API Key = ...", "Password Confirmation:
@@ -34,12 +42,20 @@ _SEPARATOR_AND_KEY = re.compile(
     r"(?: ++[A-Za-z0-9_.-]{1,64}+(?<=[A-Za-z])(?![A-Za-z0-9_.-])){0,2}",
     re.ASCII,
 )
-# What follows the separator: spaces and an opening quote (kept), then the value, either
-# quoted (up to the closing quote) or one word, after an optional auth scheme ("Bearer" ...).
+_WORD = r"[^\s&\"',;{}()<>\[\]\\]++"
+# What follows the separator: spaces and an opening quote (kept), then the value: quoted,
+# or words after an optional auth scheme ("Bearer" ...), more than one after a space.
 _VALUE = re.compile(
-    r"[ \t]*+\\*[\"']?"
+    r"(?P<spaced>[ \t]++)?\\*[\"']?"
     r"(?P<value>(?<=[\"'])[^\"'\\\r\n]++"
-    r"|(?i:(?:bearer|basic|token|digest|negotiate)[ \t]++)?[^\s&\"',;{}()<>\[\]\\]++)",
+    rf"|(?i:(?:bearer|basic|token|digest|negotiate)[ \t]++)?{_WORD}"
+    rf"(?(spaced)(?:[ \t]++(?![A-Za-z0-9_.-]++\\*[\"']?[ \t]*+[:=]){_WORD})*+))",
+    re.ASCII,
+)
+# An option and its value, from the dash (found without trying every character).
+_OPTION = re.compile(
+    r"-(?<![A-Za-z0-9_.-]-)(?P<option>-?[A-Za-z][A-Za-z0-9_.-]*+)[ \t]++"
+    r"(?P<value>\"[^\"\r\n]*+\"|'[^'\r\n]*+'|[^\s\"'-][^\s\"']*+)",
     re.ASCII,
 )
 
@@ -76,3 +92,15 @@ def _key_kind(key: str) -> str | None:
             break
         kind = secret_kind(" ".join(words[-n:]))
     return kind
+
+
+def redact_options(text: str) -> str:
+    """``text`` with the value of every command-line option naming a secret replaced."""
+    return _OPTION.sub(_option, text)
+
+
+def _option(match: re.Match[str]) -> str:
+    kind = secret_kind(match["option"])
+    if kind is None:
+        return match[0]
+    return f"{match[0][: match.start('value') - match.start()]}[REDACTED:{kind}]"

@@ -3,8 +3,8 @@
 ``redact_text`` replaces, in this order: PEM private keys (up to the END line, or to the end
 of the text when a key was cut short); the password of a URL
 (``https://user:[REDACTED:password]@host``, user and host kept); ``Cookie:`` lines;
-``key=value`` / ``key: value`` assignments whose key names a secret
-(``app.redaction.assignments``); bearer tokens; ``Basic`` credentials (only when the base64
+``key=value`` / ``key: value`` assignments and ``--key value`` options whose key names a
+secret (``app.redaction.assignments``); bearer tokens; ``Basic`` credentials (only when the base64
 decodes to ``user:password``); JWTs; Anthropic, OpenAI, Slack and GitHub keys; AWS access key
 ids; Standard Webhooks ``whsec_`` secrets; card numbers (``app.redaction.cards``). E-mail
 addresses are not secrets and are kept.
@@ -35,7 +35,7 @@ from typing import NamedTuple
 
 from pydantic_core import SchemaValidator, core_schema
 
-from app.redaction.assignments import redact_assignments
+from app.redaction.assignments import redact_assignments, redact_options
 from app.redaction.cards import redact_cards
 from app.redaction.keys import name_pattern
 
@@ -44,8 +44,8 @@ _SCAN_WS = r"(?:[\t\n\x0b\x0c\r ]|\\[nrtfb]|\\u00[0-9a-f]{2})"
 # The scan's regex, for lower-cased text (Rust syntax, which Python's ``re`` also reads).
 SCAN_PATTERN = "|".join(
     (
-        # A secret-named key or assignment.
-        rf"{name_pattern()}\\*[\"']?{_SCAN_WS}*[:=]",
+        # A secret-named key or assignment, and a command-line option.
+        rf"{name_pattern()}\\*[\"']?{_SCAN_WS}*[:=]|-[a-z0-9_.-]*{name_pattern()}{_SCAN_WS}",
         # What every credential rule's match starts with (lower-cased).
         "private key-----|bearer|basic|whsec_|eyj[a-z0-9_-]{8}|(?:akia|asia)[a-z0-9]{16}",
         r"(?:sk-|xox[abprs]-|gh[pousr]_|github_pat_)[a-z0-9_-]{10}",
@@ -131,6 +131,7 @@ _RULES: list[Rule] = [
         ),
     ),
     Rule(None, False, redact_assignments),
+    Rule("-", False, redact_options),
     Rule(
         "bearer",
         True,

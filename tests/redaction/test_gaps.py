@@ -95,3 +95,31 @@ def test_keys_that_become_the_same_name_are_all_kept() -> None:
         "z": 2,
     }
     assert list(redacted) == ["first", "[REDACTED:api_key]", "[REDACTED:api_key] (2)", "z"]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # A passphrase: once only its first word was replaced, the other three stayed.
+        ("db password: correct horse battery staple", "db password: [REDACTED:password]"),
+        ("passphrase = correct horse battery staple", "passphrase = [REDACTED:password]"),
+        ("password:\tcorrect horse\nnext line", "password:\t[REDACTED:password]\nnext line"),
+        # The phrase stops at the next key, a bracket, a comma, a quote, the end of the line.
+        ("password: hunter2 user: bob", "password: [REDACTED:password] user: bob"),
+        ("password = a b c, d", "password = [REDACTED:password], d"),
+        # The separator touches the value: one word (logfmt, query strings).
+        ("password=hunter2 user=bob", "password=[REDACTED:password] user=bob"),
+        # A CI log line: an option and its value.
+        (
+            "mysql -h db -u root --password Qx7Lm2Vz9-hunter -e 'select 1'",
+            "mysql -h db -u root --password [REDACTED:password] -e 'select 1'",
+        ),
+        ("deploy --api-key=k-123 --env prod", "deploy --api-key=[REDACTED:api_key] --env prod"),
+        ("vault -token 'a b c' -x", "vault -token [REDACTED:token] -x"),
+        ("run -dbpassword x", "run -dbpassword [REDACTED:password]"),  # one word, ends so
+        ("cmd --password --verbose", "cmd --password --verbose"),  # no value: a prompt
+        ("app --token-file /etc/token", "app --token-file /etc/token"),
+    ],
+)
+def test_a_secret_assignment_in_a_log_line_is_redacted_whole(text: str, expected: str) -> None:
+    assert _stored({"log": text}) == orjson.dumps({"log": expected}).decode()
