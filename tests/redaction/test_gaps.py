@@ -4,12 +4,23 @@ on every event; the last test goes over HTTP."""
 
 from __future__ import annotations
 
+import base64
+from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlencode
 
+import httpx
 import orjson
 import pytest
+import structlog
+from redis import Redis
 
+from app.config import parse_config
+from app.events import Event
+from app.main import create_app
 from app.redaction import redact_to_json
+from app.settings import Settings
+from tests.support import ServerThread
 
 PASSWORD = "Qx7Lm2Vz9-hunter"
 
@@ -123,3 +134,56 @@ def test_keys_that_become_the_same_name_are_all_kept() -> None:
 )
 def test_a_secret_assignment_in_a_log_line_is_redacted_whole(text: str, expected: str) -> None:
     assert _stored({"log": text}) == orjson.dumps({"log": expected}).decode()
+
+
+# -- A form body in a binary CloudEvent: the gateway once hid it in base64 ---------------
+
+CE_TOKEN = "gaps-cloudevents-token-0123456789"
+CE_CONFIG = f"""
+sources:
+  events: {{type: cloudevents, token: {CE_TOKEN}, pipeline: p}}
+pipelines:
+  p: {{model: claude-sonnet-4-6, system: s, tools: [t]}}
+tools:
+  t: {{description: d, input_schema: {{type: object}}}}
+"""
+
+
+def test_a_form_body_in_a_binary_cloudevent_is_redacted(
+    make_settings: Callable[..., Settings], redis_url: str
+) -> None:
+    """Form bodies are redacted, and binary mode is read into the structured form. A form
+    body was neither JSON nor ``text/*``, so it became ``data_base64`` before redaction ran:
+    the password was stored (and sent to Claude, who reads base64) as sent. It is text now,
+    stored as ``data``, and its password field is redacted like a GitHub form body's."""
+    if redis_url.startswith("memory://"):
+        pytest.skip("needs a real Redis to read the stream from outside the process")
+    settings = make_settings(partitions=1)
+    app = create_app(settings, parse_config(CE_CONFIG, env={}), role="api")
+    form = urlencode({"user": "deployer", "password": PASSWORD})
+    with ServerThread(app) as server, httpx.Client(base_url=server.url, timeout=10) as client:
+        reply = client.post(
+            "/v1/webhooks/events",
+            content=form.encode(),
+            headers={
+                "Authorization": f"Bearer {CE_TOKEN}",
+                "Content-Type": "application/x-www-form-urlencoded",
+                "ce-specversion": "1.0",
+                "ce-id": "form-1",
+                "ce-source": "/deploy-hook",
+                "ce-type": "deploy.requested",
+            },
+        )
+    structlog.reset_defaults()
+    assert reply.status_code == 202, reply.text
+    stream = Redis.from_url(redis_url)
+    try:
+        entries: Any = stream.xrange(f"{settings.redis_prefix}:{{p0}}:stream")
+    finally:
+        stream.close()
+    payload = Event.from_bytes(entries[0][1][b"e"]).payload
+    readable = orjson.dumps(payload).decode()
+    if "data_base64" in payload:
+        readable += base64.b64decode(payload["data_base64"]).decode("utf-8", "replace")
+    assert PASSWORD not in readable, payload
+    assert payload["data"] == "user=deployer&password=[REDACTED:password]"
