@@ -173,6 +173,7 @@ def name_pattern() -> str:
     ``token_value``). It has no look-around, so the Rust engine of ``app.redaction.text``
     runs it."""
     singles = "|".join(sorted(WORDS, key=len, reverse=True))
-    pairs = "|".join(f"{a}{_SEP}*{b}" for a, b in PAIRS)
+    # Digits may end any word ("session2_id"): the rule drops them.
+    pairs = "|".join(f"{a}[-_. 0-9]*{b}" for a, b in PAIRS)
     tail = "|".join(sorted(QUALIFIERS, key=len, reverse=True))
     return f"(?:{pairs}|{singles})(?:[-_. 0-9]|{tail})*"
