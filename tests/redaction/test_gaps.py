@@ -125,6 +125,7 @@ def test_keys_that_become_the_same_name_are_all_kept() -> None:
         # The phrase stops at the next key, a bracket, a comma, a quote, the end of the line.
         ("password: hunter2 user: bob", "password: [REDACTED:password] user: bob"),
         ("password = a b c, d", "password = [REDACTED:password], d"),
+        ("echo 'password: correct horse' | x", "echo 'password: [REDACTED:password]' | x"),
         # The separator touches the value: one word (logfmt, query strings).
         ("password=hunter2 user=bob", "password=[REDACTED:password] user=bob"),
         # A CI log line: an option and its value.
@@ -194,3 +195,11 @@ def test_a_form_body_in_a_binary_cloudevent_is_redacted(
         readable += base64.b64decode(payload["data_base64"]).decode("utf-8", "replace")
     assert PASSWORD not in readable, payload
     assert payload["data"] == "user=deployer&password=[REDACTED:password]"
+
+
+def test_binary_data_in_base64_is_not_read() -> None:
+    """What the README says of binary CloudEvents: ``data_base64`` is stored as sent."""
+    data = base64.b64encode(b"password=hunter2").decode()
+    payload = {"specversion": "1.0", "datacontenttype": "application/octet-stream"}
+    payload["data_base64"] = data
+    assert _stored(payload) == orjson.dumps(payload).decode()
