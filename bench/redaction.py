@@ -14,6 +14,14 @@ The same steps as ``IngestService._event``, timed on one core:
 Payloads: the GitHub and Alertmanager fixtures (tests/fixtures/payloads/) and a GitHub
 pull_request payload carrying secrets of every kind. Best of 5 runs.
 
+A second table holds every rule to linear time: hostile shapes (long runs of what a pattern
+repeats, the kind that made Python's ``re`` backtrack quadratically) in a payload's string,
+beside plain prose of the same size, at 1,000, 10,000 and 60,000 characters (GitHub allows
+65,536 in an issue body). Plain prose costs the scan alone; a shape costs the scan, the
+walk and the rules, so its ratio to plain is the rules' constant factor, and that ratio
+staying put from 1,000 to 60,000 characters is what linear means (a quadratic shape's ratio
+grows 60 times).
+
     python -m bench.redaction [--number 2000]
 """
 
@@ -21,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import random
 import re
 import time
 from collections.abc import Callable
@@ -91,6 +100,54 @@ def on(payload: Any) -> bytes:
     return _event(redacted).to_bytes(payload_json=data)
 
 
+SIZES = (1_000, 10_000, 60_000)
+
+
+def hostile_shapes(size: int) -> dict[str, str]:
+    """Strings of ``size`` characters (about): plain prose first, then the shapes."""
+    prose = ("hello world " * (size // 12 + 1))[:size]
+    digits = random.Random(size)
+    return {
+        "plain prose": prose,
+        "prose with one secret": "password=x " + prose[11:],
+        "password + spaces + bearer": "password" + " " * size + "bearer",
+        "cookie + spaces + bearer": "cookie" + " " * size + "bearer",
+        "password= repeated": ("password=" * (size // 9 + 1))[:size],
+        "BEGIN PRIVATE KEY repeated": "-----BEGIN PRIVATE KEY-----" * (size // 27),
+        "digit groups 4 4 4": "4 " * (size // 2) + "a",
+        "card-like groups": " ".join(f"{digits.randrange(10_000):04d}" for _ in range(size // 5)),
+        "basic + base64 run": "basic " + "A" * size + "===",
+        "eyJ- repeated": "eyJ-" * (size // 4),
+        "a.a.a + :// + bearer": "a." * (size // 2) + "://x bearer",
+        "password: + words": "password: " + "a " * (size // 2),
+        "-a -a -a + bearer": "-a " * (size // 3) + "bearer",
+    }
+
+
+def hostile_rows(number: int) -> tuple[list[tuple[object, ...]], str]:
+    """One row per shape (µs and ratio to plain prose at each size), and the verdict."""
+    costs: dict[str, list[float]] = {}
+    for size in SIZES:
+        repeat = max(number * 1_000 // size, 3)
+        for name, text in hostile_shapes(size).items():
+            costs.setdefault(name, []).append(best_us(redact_to_json, {"body": text}, repeat))
+    plain = costs["plain prose"]
+    rows: list[tuple[object, ...]] = []
+    growth = 0.0
+    for name, us in costs.items():
+        ratios = [cost / base for cost, base in zip(us, plain, strict=True)]
+        growth = max(growth, ratios[-1] / ratios[0])
+        cells = [f"{cost:,.0f} ({ratio:.1f}x)" for cost, ratio in zip(us, ratios, strict=True)]
+        rows.append((name, *cells))
+    worst = max(cost / base for us in costs.values() for cost, base in zip(us, plain, strict=True))
+    verdict = (
+        f"verdict: the costliest shape took {worst:.3f}x plain prose of its size; the largest "
+        f"growth of a shape's ratio from {SIZES[0]:,} to {SIZES[-1]:,} characters was "
+        f"{growth:.3f}x (1 is linear, {SIZES[-1] // SIZES[0]} would be quadratic)"
+    )
+    return rows, verdict
+
+
 def best_us(step: Callable[[Any], object], payload: Any, number: int) -> float:
     runs = []
     for _ in range(5):
@@ -140,6 +197,20 @@ def main() -> None:
             "same pattern with Python's `re`. Best of 5 runs, one core.",
             "",
             *table((*header, "scan", "scan with re"), rows),
+        ],
+    )
+    hostile, verdict = hostile_rows(args.number)
+    report(
+        "Payload redaction of hostile shapes (µs per payload, x plain prose of the same size)",
+        "python -m bench.redaction",
+        [
+            "µs of `redact_to_json` (what ingest runs) for a payload holding one string of "
+            "the shape, and its ratio to plain prose of the same size (which costs the scan "
+            "alone). Best of 5 runs, one core.",
+            "",
+            *table(("shape", *(f"{size:,} chars" for size in SIZES)), hostile),
+            "",
+            verdict,
         ],
     )
 

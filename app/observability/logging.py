@@ -10,7 +10,13 @@ from typing import Any
 import orjson
 import structlog
 
-from app.redaction import may_hold_secret, redact_payload, redact_text, secret_kind
+from app.redaction import (
+    may_hold_secret,
+    payload_to_json,
+    redact_payload,
+    redact_text,
+    secret_kind,
+)
 
 # Header names whose values must never reach a log line.
 SECRET_HEADERS = frozenset(
@@ -35,6 +41,10 @@ SECRET_KEYS = SECRET_HEADERS | {
     "signature",
 }
 REDACTED = "[redacted]"
+# A string value longer than this is cut to its first and last LOG_VALUE_CHARS // 2
+# characters before anything reads it: a sender can put 64 KiB of URL into a rejection's
+# detail, and the redaction rules, the renderer and the log store need not read it all.
+LOG_VALUE_CHARS = 4096
 
 
 def redact_secrets(
@@ -42,13 +52,16 @@ def redact_secrets(
 ) -> MutableMapping[str, Any]:
     """Replace secret values: by key (``SECRET_KEYS`` and any key naming a secret), inside a
     logged ``headers`` mapping, and credential-looking text in any string value, nested ones
-    and the rendered exception included. The line's strings cost one scan together
+    and the rendered exception included. Strings are cut to ``LOG_VALUE_CHARS`` first, so a
+    line costs at most that much reading per value. The line's strings cost one scan together
     (``may_hold_secret``) unless one of them may hold a secret: a line is logged per webhook."""
     texts: list[str] = []
     for key, value in event_dict.items():
         if _names_secret(key):
             event_dict[key] = REDACTED
         elif isinstance(value, str):
+            if len(value) > LOG_VALUE_CHARS:
+                event_dict[key] = value = cut(value)
             texts.append(value)
         elif isinstance(value, Mapping | list | tuple):
             event_dict[key] = _redact_nested(value)
@@ -80,13 +93,38 @@ def _names_secret(key: str) -> bool:
 _SECRET_LOG_KEYS: dict[str, bool] = {}
 
 
+def cut(text: str) -> str:
+    """``text`` cut to its first and last ``LOG_VALUE_CHARS // 2`` characters, the cut
+    marked with how many characters it took (``…[60000 characters cut]…``)."""
+    if len(text) <= LOG_VALUE_CHARS:
+        return text
+    half = LOG_VALUE_CHARS // 2
+    return f"{text[:half]}…[{len(text) - 2 * half} characters cut]…{text[-half:]}"
+
+
 def _redact_nested(value: Any) -> Any:
     try:
-        return redact_payload(dict(value) if isinstance(value, Mapping) else value)
+        data = orjson.loads(payload_to_json(dict(value) if isinstance(value, Mapping) else value))
+        return redact_payload(_cut_strings(data))
     except (TypeError, ValueError):
         # Not JSON (objects logged as they are) or nested beyond the limit: the renderer
         # would print their repr, which cannot be checked, so print nothing of them.
         return REDACTED
+
+
+def _cut_strings(data: Any) -> Any:
+    """JSON ``data`` with every string value ``cut`` (containers changed in place)."""
+    if isinstance(data, str):
+        return cut(data)
+    stack = [data] if isinstance(data, dict | list) else []
+    while stack:
+        node = stack.pop()
+        for key, value in node.items() if isinstance(node, dict) else enumerate(node):
+            if isinstance(value, str) and len(value) > LOG_VALUE_CHARS:
+                node[key] = cut(value)
+            elif isinstance(value, dict | list):
+                stack.append(value)
+    return data
 
 
 def configure_logging(*, fmt: str = "auto", level: str = "info") -> None:

@@ -1,10 +1,13 @@
 """The structural walk over a JSON payload.
 
 Every dict key is judged by ``secret_kind`` (its value, whatever its type, becomes
-``"[REDACTED:<kind>]"``), every string by the text rules, and a string holding a JSON object
+``"[REDACTED:<kind>]"``) and by the text rules (a key that is itself a credential is
+renamed), every string by the text rules, and a string holding a JSON object
 or array is parsed, walked, and serialised back only when something in it was redacted (so
 ``"{\\"password\\": \\"x\\"}"`` is caught, at any number of levels, and untouched JSON text keeps
-its spacing). Numbers are redacted only by their key: 18-19 digit ids are common.
+its spacing). Numbers are redacted only by their key, since 18-19 digit ids are common: a
+number under a secret key, and a card number (issuer prefix, Luhn sum) whose key or whose
+container's key names a card (``{"card": {"number": 4111...}}``).
 
 Invariants:
 - The input is never changed; the result is a new value (or the input itself, from
@@ -23,13 +26,20 @@ from typing import Any
 
 import orjson
 
-from app.redaction.keys import secret_kind
+from app.redaction.cards import is_card_number
+from app.redaction.keys import names_card, secret_kind
 from app.redaction.text import may_hold_secret, redact_text
 
 # orjson serialises up to 254 levels of nesting; the walk refuses what it could not write back.
 MAX_DEPTH = 254
 # No rule matches fewer characters ("pwd=x").
 _SHORTEST_MATCH = 5
+_SMALLEST_CARD = 10**12  # 13 digits
+# Keys the text rules leave alone, up to _REMEMBERED_KEY_CHARS long; emptied when full, so a
+# sender making up keys cannot grow it. Keys that hold a secret are never remembered.
+_PLAIN_KEYS: set[str] = set()
+_REMEMBERED_KEYS = 4096
+_REMEMBERED_KEY_CHARS = 80
 
 
 class NestingTooDeep(ValueError):
@@ -80,10 +90,11 @@ def _walk(root: dict[str, Any] | list[Any], *, escapes: int = 0) -> bool:
 
     ``escapes`` counts the JSON documents held in strings around ``root``."""
     changed = False
-    stack: list[tuple[dict[str, Any] | list[Any], int]] = [(root, 1)]
+    # (container, its depth, the key it sits under)
+    stack: list[tuple[dict[str, Any] | list[Any], int, object]] = [(root, 1, None)]
     # Assigning to an existing key or index while iterating is safe: sizes stay the same.
     while stack:
-        node, depth = stack.pop()
+        node, depth, under = stack.pop()
         entries = node.items() if isinstance(node, dict) else enumerate(node)
         for key, value in entries:
             if type(key) is str and (kind := secret_kind(key)) is not None:
@@ -92,16 +103,64 @@ def _walk(root: dict[str, Any] | list[Any], *, escapes: int = 0) -> bool:
                 redacted = _redact_string(value, escapes=escapes)
                 if redacted is value:
                     continue
+            elif type(value) is int and _card_number_under_card(value, key, under):
+                redacted = "[REDACTED:card]"
             else:
                 if isinstance(value, dict | list):
                     if depth >= MAX_DEPTH:
                         raise NestingTooDeep
                     if value:
-                        stack.append((value, depth + 1))
+                        stack.append((value, depth + 1, key))
                 continue
             node[key] = redacted  # type: ignore[index]
             changed = True
+        if isinstance(node, dict) and _redact_keys(node):
+            changed = True
     return changed
+
+
+def _redact_keys(node: dict[str, Any]) -> bool:
+    """Keys that look like credentials (a map keyed by token, a header line as a key) renamed
+    by the text rules, in place and in order; True when one was. Keys that become the same
+    name are told apart by a number: ``[REDACTED:api_key]``, ``[REDACTED:api_key] (2)``."""
+    renamed = {key: new for key in node if (new := _redacted_key(key)) is not key}
+    if not renamed:
+        return False
+    entries = list(node.items())
+    node.clear()
+    taken = {key for key, _ in entries if key not in renamed}
+    for key, value in entries:
+        name = key
+        if (redacted := renamed.get(key)) is not None:
+            name, n = redacted, 2
+            while name in taken:
+                name, n = f"{redacted} ({n})", n + 1
+            taken.add(name)
+        node[name] = value
+    return True
+
+
+def _redacted_key(key: str) -> str:
+    """``key`` after the text rules: the same object when none applies (known keys are
+    remembered, so a payload's keys cost a set lookup each)."""
+    if key in _PLAIN_KEYS or len(key) < _SHORTEST_MATCH:
+        return key
+    redacted = redact_text(key)
+    if redacted is key and len(key) <= _REMEMBERED_KEY_CHARS:
+        if len(_PLAIN_KEYS) >= _REMEMBERED_KEYS:
+            _PLAIN_KEYS.clear()
+        _PLAIN_KEYS.add(key)
+    return redacted
+
+
+def _card_number_under_card(value: int, key: object, under: object) -> bool:
+    """A card number whose key, or the key of the object or array holding it, names a card:
+    ``{"card": 4111...}``, ``{"card": {"number": 4111...}}``, ``{"cards": [4111...]}``."""
+    return (
+        value >= _SMALLEST_CARD
+        and is_card_number(str(value))
+        and any(type(name) is str and names_card(name) for name in (key, under))
+    )
 
 
 def _redact_string(text: str, *, escapes: int = 0) -> str:

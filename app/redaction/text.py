@@ -1,13 +1,19 @@
 """Credential-looking text: the rules, and ``may_hold_secret``, the one scan in front of them.
 
-``redact_text`` replaces, in this order: PEM private keys; the password of a URL
+``redact_text`` replaces, in this order: PEM private keys (up to the END line, or to the end
+of the text when a key was cut short); the password of a URL
 (``https://user:[REDACTED:password]@host``, user and host kept); ``Cookie:`` lines;
-``key=value`` / ``key: value`` assignments whose key names a secret (the rule of
-``app.redaction.keys``: form bodies, query strings, headers, log lines, JSON text with escaped
-quotes); bearer tokens; ``Basic`` credentials (only when the base64 decodes to
-``user:password``); JWTs; Anthropic, OpenAI, Slack and GitHub keys; AWS access key ids;
-Standard Webhooks ``whsec_`` secrets; card numbers (13-19 digits, spaces or dashes allowed,
-a known issuer prefix and a valid Luhn sum). E-mail addresses are not secrets and are kept.
+``key=value`` / ``key: value`` assignments and ``--key value`` options whose key names a
+secret (``app.redaction.assignments``); bearer tokens; ``Basic`` credentials (only when the base64
+decodes to ``user:password``); JWTs; Anthropic, OpenAI, Slack and GitHub keys; AWS access key
+ids; Standard Webhooks ``whsec_`` secrets; card numbers (``app.redaction.cards``). E-mail
+addresses are not secrets and are kept.
+
+Every rule takes time linear in the text, whatever the text: no two quantifiers of a rule can
+take the same characters, a rule that could fail late starts only where a run of what it
+repeats starts (``eyJ-eyJ-eyJ...`` is one start, not one per ``eyJ``), and what is repeated is
+possessive (``*+``), scanned once. ``python -m bench.redaction`` holds each rule to that with
+hostile shapes beside plain text of the same size.
 
 ``may_hold_secret`` is true wherever a rule above, or a key naming a secret, could apply, in
 a text or in its JSON serialisation (escaped quotes, ``\\n`` for a line break). It is a
@@ -22,20 +28,24 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import re
 from collections.abc import Callable
+from typing import NamedTuple
 
 from pydantic_core import SchemaValidator, core_schema
 
-from app.redaction.keys import name_pattern, secret_kind
+from app.redaction.assignments import redact_assignments, redact_options
+from app.redaction.cards import redact_cards
+from app.redaction.keys import name_pattern
 
 # ASCII whitespace as it appears in a text or in its JSON serialisation (lower-cased).
 _SCAN_WS = r"(?:[\t\n\x0b\x0c\r ]|\\[nrtfb]|\\u00[0-9a-f]{2})"
 # The scan's regex, for lower-cased text (Rust syntax, which Python's ``re`` also reads).
 SCAN_PATTERN = "|".join(
     (
-        # A secret-named key or assignment.
-        rf"{name_pattern(case_blind=False)}\\*[\"']?{_SCAN_WS}*[:=]",
+        # A secret-named key or assignment, and a command-line option.
+        rf"{name_pattern()}\\*[\"']?{_SCAN_WS}*[:=]|-[a-z0-9_.-]*{name_pattern()}{_SCAN_WS}",
         # What every credential rule's match starts with (lower-cased).
         "private key-----|bearer|basic|whsec_|eyj[a-z0-9_-]{8}|(?:akia|asia)[a-z0-9]{16}",
         r"(?:sk-|xox[abprs]-|gh[pousr]_|github_pat_)[a-z0-9_-]{10}",
@@ -52,16 +62,20 @@ def may_hold_secret(text: str) -> bool:
     return _SCAN.isinstance_python(text.lower())
 
 
-_NAME = name_pattern()
-
 Replacement = Callable[[re.Match[str]], str]
 
 
-def _assignment(match: re.Match[str]) -> str:
-    kind = secret_kind(match["key"])
-    if kind is None:
-        return match[0]
-    return f"{match['key']}{match['sep']}[REDACTED:{kind}]"
+class Rule(NamedTuple):
+    """One pass of ``redact_text``. ``literal``: a substring every match contains (in lower
+    case when ``case_blind``), checked first: a substring test costs a fraction of a pass."""
+
+    literal: str | None
+    case_blind: bool
+    apply: Callable[[str], str]
+
+
+def _replacing(pattern: re.Pattern[str], replacement: str | Replacement) -> Callable[[str], str]:
+    return functools.partial(pattern.sub, replacement)
 
 
 def _basic(match: re.Match[str]) -> str:
@@ -75,128 +89,112 @@ def _basic(match: re.Match[str]) -> str:
     return f"{match[1]}[REDACTED:basic_auth]"
 
 
-def _issuer(digits: str) -> bool:
-    """Visa, Mastercard, American Express, Discover, Diners Club, JCB, UnionPay, Maestro, Mir."""
-    two, three, four = int(digits[:2]), int(digits[:3]), int(digits[:4])
-    return (
-        digits[0] in "46"
-        or 50 <= two <= 58
-        or two in (34, 36, 37, 38, 39)
-        or 300 <= three <= 305
-        or 3528 <= four <= 3589
-        or 2200 <= four <= 2204
-        or 2221 <= four <= 2720
-    )
+_PEM_END = r"-----END [A-Z ]*PRIVATE KEY-----"
 
-
-def _luhn(digits: str) -> bool:
-    total = 0
-    for i, char in enumerate(reversed(digits)):
-        n = int(char) * (2 if i % 2 else 1)
-        total += n - 9 if n > 9 else n
-    return total % 10 == 0
-
-
-def _is_card(digits: str) -> bool:
-    return 13 <= len(digits) <= 19 and _issuer(digits) and _luhn(digits)
-
-
-def _cards(match: re.Match[str]) -> str:
-    """A run of digit groups: the longest card in it from each group on is redacted, so a
-    number written next to a card ("4111 1111 1111 1111 2 items") does not hide it."""
-    parts = re.split("([ -])", match[0])  # digits, separator, digits, ...
-    groups = parts[::2]
-    out: list[str] = []
-    i = 0
-    while i < len(groups):
-        end = None
-        digits = ""
-        for j in range(i, len(groups)):
-            digits += groups[j]
-            if len(digits) > 19:
-                break
-            if _is_card(digits):
-                end = j
-        if end is None:
-            out.append(groups[i])
-            if i + 1 < len(groups):
-                out.append(parts[2 * i + 1])
-            i += 1
-            continue
-        out.append("[REDACTED:card]")
-        if end + 1 < len(groups):
-            out.append(parts[2 * end + 1])
-        i = end + 1
-    return "".join(out)
-
-
-# (literal that every match contains, in lower case when the pattern is case-blind; pattern;
-# replacement). The literal is checked first: a substring test costs a fraction of a pass.
-_RULES: list[tuple[str | None, re.Pattern[str], str | Replacement]] = [
-    (
+# In the order ``redact_text`` applies them.
+_RULES: list[Rule] = [
+    Rule(
+        # Up to the END line, or to the end of the text when it has none (a key cut short):
+        # the body stops at nothing else, so no BEGIN is scanned twice.
         "private key-----",
-        re.compile(
-            r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?-----END [A-Z ]*PRIVATE KEY-----",
-            re.S | re.I | re.ASCII,
+        True,
+        _replacing(
+            re.compile(
+                rf"-----BEGIN [A-Z ]*PRIVATE KEY-----(?:[^-]++|-(?!{_PEM_END[1:]}))*+"
+                rf"(?:{_PEM_END})?",
+                re.I | re.ASCII,
+            ),
+            "[REDACTED:private_key]",
         ),
-        "[REDACTED:private_key]",
     ),
-    (
+    Rule(
         "://",
-        re.compile(r"(?i)(\b[a-z][a-z0-9+.-]*://[^\s/?#@:\"]*:)[^\s/?#\"]+@", re.ASCII),
-        r"\1[REDACTED:password]@",
+        True,
+        _replacing(
+            re.compile(
+                r"(?i)((?<![a-z0-9+.-])[a-z][a-z0-9+.-]*+://[^\s/?#@:\"]*+:)[^\s/?#\"]+@",
+                re.ASCII,
+            ),
+            r"\1[REDACTED:password]@",
+        ),
     ),
-    (
+    Rule(
         "cookie",
-        re.compile(
-            r"(?i)(?<![A-Za-z0-9_.-])((?:set-)?cookies?\\*[\"']?[ \t]*[:=][ \t]*\\*[\"']?)"
-            r"[^\r\n\"\\]+",
-            re.ASCII,
+        True,
+        _replacing(
+            re.compile(
+                r"(?i)(?<![A-Za-z0-9_.-])((?:set-)?cookies?\\*[\"']?[ \t]*+[:=][ \t]*+\\*[\"']?)"
+                r"[^\r\n\"\\]+",
+                re.ASCII,
+            ),
+            r"\1[REDACTED:cookie]",
         ),
-        r"\1[REDACTED:cookie]",
     ),
-    (
-        None,
-        re.compile(
-            rf"(?<![A-Za-z0-9_.-])(?P<key>(?:[A-Za-z][A-Za-z0-9_.-]*?)?{_NAME})"
-            r"(?P<sep>\\*[\"']?[ \t]*[:=][ \t]*\\*[\"']?)"
-            r"(?P<value>(?<=[\"'])[^\"'\\\r\n]+"
-            r"|(?i:(?:bearer|basic|token|digest|negotiate)[ \t]+)?[^\s&\"',;{}()<>\[\]\\]+)",
-            re.ASCII,
-        ),
-        _assignment,
-    ),
-    (
+    Rule(None, False, redact_assignments),
+    Rule("-", False, redact_options),
+    Rule(
         "bearer",
-        re.compile(r"(?i)\bbearer\s+[A-Za-z0-9._~+/=-]{8,}", re.ASCII),
-        "[REDACTED:bearer]",
+        True,
+        _replacing(
+            re.compile(r"(?i)\bbearer\s++[A-Za-z0-9._~+/=-]{8,}", re.ASCII), "[REDACTED:bearer]"
+        ),
     ),
-    (
+    Rule(
         "basic",
-        re.compile(r"(?i)\b(basic\s+)([A-Za-z0-9+/]{6,}={0,2})(?![A-Za-z0-9+/=])", re.ASCII),
-        _basic,
+        True,
+        _replacing(
+            re.compile(r"(?i)\b(basic\s++)([A-Za-z0-9+/]{6,}+={0,2}+)(?![A-Za-z0-9+/=])", re.ASCII),
+            _basic,
+        ),
     ),
-    (
+    Rule(
+        # Only where a run of base64url characters starts: "eyJ-eyJ-eyJ..." is one start.
         "eyJ",
-        re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}", re.ASCII),
-        "[REDACTED:jwt]",
-    ),
-    (
-        None,
-        re.compile(
-            r"\b(?:sk-ant-|sk-|xox[abprs]-|gh[pousr]_|github_pat_)[A-Za-z0-9_-]{10,}", re.ASCII
+        False,
+        _replacing(
+            re.compile(
+                r"(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{8,}+\.[A-Za-z0-9_-]{8,}+\.[A-Za-z0-9_-]{8,}",
+                re.ASCII,
+            ),
+            "[REDACTED:jwt]",
         ),
-        "[REDACTED:api_key]",
     ),
-    ("IA", re.compile(r"\b(?:AKIA|ASIA)[A-Z0-9]{16}\b", re.ASCII), "[REDACTED:aws_key]"),
-    ("whsec_", re.compile(r"\bwhsec_[A-Za-z0-9+/=]{10,}", re.ASCII), "[REDACTED:whsec]"),
-    (
+    Rule(
         None,
-        # Not after "0." either: the digits of a fraction are not a card.
-        re.compile(
-            r"(?<![0-9A-Za-z])(?<![0-9]\.)[0-9](?:[ -]?[0-9]){12,}(?![0-9A-Za-z])", re.ASCII
+        False,
+        _replacing(
+            re.compile(
+                r"\b(?:sk-ant-|sk-|xox[abprs]-|gh[pousr]_|github_pat_)[A-Za-z0-9_-]{10,}",
+                re.ASCII,
+            ),
+            "[REDACTED:api_key]",
         ),
-        _cards,
+    ),
+    Rule(
+        "IA",
+        False,
+        _replacing(re.compile(r"\b(?:AKIA|ASIA)[A-Z0-9]{16}\b", re.ASCII), "[REDACTED:aws_key]"),
+    ),
+    Rule(
+        "whsec_",
+        False,
+        _replacing(re.compile(r"\bwhsec_[A-Za-z0-9+/=]{10,}", re.ASCII), "[REDACTED:whsec]"),
+    ),
+    Rule(
+        None,
+        False,
+        _replacing(
+            # A run of digit groups with 13 digits or more, not after "0." (the digits of a
+            # fraction are not a card) nor touching a letter (a last group that does is left
+            # out, and ``redact_cards`` counts again). The first digit comes first, so the
+            # engine skips to digits; each group is taken once.
+            re.compile(
+                r"[0-9](?<![0-9A-Za-z][0-9])(?<![0-9]\.[0-9])(?=(?:[ -]?[0-9]){12})"
+                r"[0-9]*+(?:[ -][0-9]++(?=[ -]|(?![0-9A-Za-z])))*+(?![0-9A-Za-z])",
+                re.ASCII,
+            ),
+            lambda match: redact_cards(match[0]),
+        ),
     ),
 ]
 
@@ -207,15 +205,13 @@ def redact_text(text: str) -> str:
         return text
     # Taken once: a replacement ("[REDACTED:...]") cannot create a literal checked later.
     lowered = text.lower()
-    for literal, pattern, replacement in _RULES:
-        if literal is not None:
-            haystack = lowered if pattern.flags & re.IGNORECASE else text
-            if literal not in haystack:
-                continue
-        text = pattern.sub(replacement, text)
+    for rule in _RULES:
+        if rule.literal is not None and rule.literal not in (lowered if rule.case_blind else text):
+            continue
+        text = rule.apply(text)
     return text
 
 
-def rules() -> list[tuple[str | None, re.Pattern[str], str | Replacement]]:
+def rules() -> list[Rule]:
     """The rules in the order ``redact_text`` applies them (for tests of the literal checks)."""
     return list(_RULES)

@@ -3,8 +3,10 @@
 - structured: ``Content-Type: application/cloudevents+json``, the body is the event;
 - batch: ``application/cloudevents-batch+json``, the body is an array of events;
 - binary: attributes in ``ce-*`` headers, the body is the event's ``data`` in its own
-  content type (JSON is parsed, other text kept as a string, anything else becomes
-  ``data_base64``, as structured mode carries binary data).
+  content type (JSON is parsed, other text and form bodies kept as a string, anything else
+  becomes ``data_base64``, as structured mode carries binary data). A form body is text:
+  as a string, filters, Claude and the redaction of its fields read it like any text
+  (``password=...`` in base64 is not redacted).
 
 Every mode becomes the structured form (``specversion``, ``id``, ``source``, ``type``,
 ``subject``, ``time``, ``data`` and extensions), so group-key paths and filters read the same
@@ -43,6 +45,10 @@ STRUCTURED = "application/cloudevents+json"
 BATCH = "application/cloudevents-batch+json"
 REQUIRED = ("id", "source", "type")
 CE_HMAC = HmacDefaults(header="X-Signature")
+# Binary-mode bodies kept as text besides text/*.
+_TEXT_MEDIA = frozenset(
+    {"application/xml", "application/x-yaml", "application/x-www-form-urlencoded"}
+)
 
 
 class CloudEventsSource:
@@ -113,7 +119,7 @@ def _from_binary(headers: Headers, body: Body, media: str) -> dict[str, Any]:
         return event
     if not media or media == "application/json" or media.endswith("+json"):
         event["data"] = parse_json(body)
-    elif media.startswith("text/") or media in ("application/xml", "application/x-yaml"):
+    elif media.startswith("text/") or media in _TEXT_MEDIA:
         event["data"] = body.decode("utf-8", "replace")
     else:
         event["data_base64"] = base64.b64encode(body).decode()

@@ -232,3 +232,19 @@ async def test_cloudevents_binary_mode_keeps_non_text_data_as_data_base64() -> N
     assert event.payload["datacontenttype"] == "application/octet-stream"
     text = await adapter.describe(headers | {"content-type": "text/plain"}, b"hello")
     assert text[0].payload["data"] == "hello"
+
+
+async def test_cloudevents_binary_mode_keeps_a_form_body_as_text() -> None:
+    """A form body is text (ASCII, percent-encoded): ``data`` as a string, so filters,
+    Claude and the redaction of its fields read it like any text body."""
+    adapter = build_adapter("ce", config(type="cloudevents", token=TOKEN))
+    headers = {
+        "content-type": "application/x-www-form-urlencoded",
+        "ce-specversion": "1.0",
+        "ce-id": "form-1",
+        "ce-source": "/deploy-hook",
+        "ce-type": "deploy.requested",
+    }
+    (event,) = await adapter.describe(headers, b"user=deployer&ref=main")
+    assert event.payload["data"] == "user=deployer&ref=main"
+    assert "data_base64" not in event.payload

@@ -6,7 +6,7 @@ import orjson
 import pytest
 import structlog
 
-from app.observability.logging import configure_logging
+from app.observability.logging import LOG_VALUE_CHARS, configure_logging
 
 
 def test_secret_keys_and_headers_are_redacted(capsys: pytest.CaptureFixture[str]) -> None:
@@ -75,3 +75,19 @@ def test_an_exception_message_is_redacted_too(capsys: pytest.CaptureFixture[str]
     err = capsys.readouterr().err
     assert "redis-pass-55" not in err
     assert "[REDACTED:password]" in err
+
+
+def test_a_long_value_is_cut_before_it_is_read(capsys: pytest.CaptureFixture[str]) -> None:
+    """Whatever a sender puts in a logged value (a URL of 64 KiB), a line reads at most
+    ``LOG_VALUE_CHARS`` of each string: its start and its end, secrets redacted in both."""
+    configure_logging(fmt="json")
+    long = "password=pw-head-1 " + "x" * 100_000 + " Authorization: Bearer tail-secret-22"
+    structlog.get_logger("t").warning("webhook_rejected", detail=long, nested={"a": [long]})
+    line = orjson.loads(capsys.readouterr().err.strip().splitlines()[-1])
+    for value in (line["detail"], line["nested"]["a"][0]):
+        assert len(value) < LOG_VALUE_CHARS + 100  # the marker, and "[REDACTED:...]"
+        assert f"…[{len(long) - LOG_VALUE_CHARS} characters cut]…" in value
+        assert value.startswith("password=[REDACTED:password] xxx")
+        assert value.endswith("Authorization: [REDACTED:authorization]")
+    assert "pw-head-1" not in orjson.dumps(line).decode()
+    assert "tail-secret-22" not in orjson.dumps(line).decode()

@@ -68,6 +68,11 @@ BASIC = base64.b64encode(b"deploy:S3cr3t-basic").decode()
         ("cvv", "card"),
         ("cvv2", "card"),
         ("user.password", "password"),
+        ("passwords", "password"),
+        ("api_keys", "api_key"),
+        ("accessKeys", "access_key"),
+        ("access_tokens", "token"),
+        ("credit_cards", "card"),
     ],
 )
 def test_keys_naming_a_secret(key: str, kind: str) -> None:
@@ -98,10 +103,27 @@ def test_keys_naming_a_secret(key: str, kind: str) -> None:
         "id",
         "number",
         "signature",
+        "tokens",
+        "auths",
+        "pans",
     ],
 )
 def test_keys_that_only_mention_a_secret(key: str) -> None:
     assert secret_kind(key) is None
+
+
+@pytest.mark.parametrize(
+    ("key", "kind"),
+    [
+        ("x_" * 200 + "api_key", "api_key"),
+        ("a." * 30_000, None),
+        ("password" + "_new" * 100, "password"),  # only qualifiers in the last characters
+        ("x" * 300 + "password", "password"),  # one word: it ends with a secret word
+        ("db_" + "x" * 300 + "password", None),  # two words: the last is not a secret word
+    ],
+)
+def test_long_keys_are_decided_as_short_ones(key: str, kind: str | None) -> None:
+    assert secret_kind(key) == kind
 
 
 @pytest.mark.parametrize(

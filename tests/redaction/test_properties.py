@@ -178,7 +178,7 @@ PIECES = st.sampled_from(
         ":", '"', "'", "\\", "&", "Bearer ", "basic ", "dXNlcjpwYXNz", "eyJ", "abcdefghij",
         "sk-", "xoxb-", "ghp_", "github_pat_", "AKIA", "ASIA", "ABCDEFGHIJKLMNOP", "whsec_",
         "https://", "u", "@", "/", "4111", "1111", "378282246310005", "5", "0", " 1", "-----BEGIN ",
-        "PRIVATE KEY-----", "-----END ", "é", "K",
+        "PRIVATE KEY-----", "-----END ", "é", "K", "--", "keys", "tokens", "access", "2",
     ]
 )  # fmt: skip
 
