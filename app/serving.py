@@ -12,6 +12,9 @@ verified, ``BoundedHttpToolsProtocol``:
 * closes a new connection that sends nothing within ``keep_alive_seconds`` (like an idle
   keep-alive one), and one that has not sent a whole head within ``head_timeout_seconds``
   of its first byte: idle or trickling sockets cannot hold the connection limit;
+* ends a connection whose request was answered before its body had all arrived (an unknown
+  source, bad credentials, a body timeout): the rest would be read for nothing, and a sender
+  trickling it would hold the connection for as long as it kept sending;
 * answers requests past ``limit_concurrency`` (open connections, or requests in progress)
   with ``503 TooManyConnections`` + ``Retry-After``, and requests the parser refuses with
   ``400 InvalidHTTPRequest``, in JSON like every other error (uvicorn answers plain text).
@@ -33,7 +36,9 @@ from app.errors import AppError, app_error_response, error_body
 from app.ingest.rejections import RejectionLog
 from app.settings import Settings
 
-CLOSE_AFTER_SECONDS = 1.0  # time for the client to read the 431 before the socket closes
+# Time for the client to read an answer before the socket closes with its bytes unread
+# (a close with unread bytes is a reset, which can overtake the answer).
+CLOSE_AFTER_SECONDS = 1.0
 SERVER = "(server)"
 
 
@@ -129,6 +134,20 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         self._head_done = self._begun = False
         super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        cycle = self.cycle
+        # ``self.cycle`` is a later pipelined request's while that one waits (its response
+        # has not started); the answered request's body is still arriving when it is this
+        # cycle and the parser has not seen the message end.
+        if cycle is None or not cycle.response_complete or not cycle.more_body:
+            return
+        if self.transport.is_closing():
+            return
+        self._refused = True  # what arrives from now on is not parsed
+        self.flow.pause_reading()
+        self.loop.call_later(CLOSE_AFTER_SECONDS, self.transport.close)
 
     def send_400_response(self, msg: str) -> None:
         self._refused = True

@@ -1,0 +1,98 @@
+"""A request answered before its body has arrived (unknown source, bad credentials, a body
+timeout) ends its connection: the rest of the body would be read for nothing, and a sender
+trickling it would otherwise hold the connection, and a slot of the connection limit, for as
+long as it kept sending (uvicorn cancels its keep-alive timer on every byte)."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.hardening.test_memory_before_auth import CONFIG, _head, _response
+from tests.support import GatewayProcess
+
+
+@pytest.fixture
+def gateway(tmp_path: Path, redis_prefix: str) -> Iterator[GatewayProcess]:
+    config = tmp_path / "eventgate.yaml"
+    config.write_text(CONFIG)
+    process = GatewayProcess(
+        role="api",
+        log_path=tmp_path / "gateway.log",
+        env={
+            "EVENTGATE_CONFIG": str(config),
+            "EVENTGATE_REDIS_URL": "memory://",
+            "EVENTGATE_REDIS_PREFIX": redis_prefix,
+            "EVENTGATE_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 'eventgate.db'}",
+            "EVENTGATE_KEEP_ALIVE_SECONDS": "1",
+            "EVENTGATE_HEAD_TIMEOUT_SECONDS": "1",
+            "EVENTGATE_BODY_READ_TIMEOUT_SECONDS": "1",
+        },
+    )
+    yield process.wait_ready(path="/healthz")
+    process.stop()
+
+
+def _trickle_until_closed(sock: socket.socket, seconds: float) -> float | None:
+    """Sends a byte every 100 ms; how long until the gateway closed, None if it never did."""
+    started = time.monotonic()
+    sock.settimeout(0.1)
+    while time.monotonic() - started < seconds:
+        try:
+            sock.sendall(b"x")
+            if sock.recv(1) == b"":
+                return time.monotonic() - started
+        except TimeoutError:
+            continue
+        except OSError:  # reset: closed with bytes still unread
+            return time.monotonic() - started
+    return None
+
+
+@pytest.mark.parametrize(
+    ("path", "headers", "status"),
+    [
+        ("/v1/webhooks/nowhere", {}, 404),
+        ("/v1/webhooks/alerts", {"Authorization": "Bearer wrong-token-0123456789"}, 401),
+        ("/v1/webhooks/partner", {"X-Ts": "1", "X-Signature": "sha256=00"}, 401),
+    ],
+    ids=["unknown-source", "wrong-token", "stale-timestamp"],
+)
+def test_a_body_still_trickling_after_the_answer_does_not_hold_the_connection(
+    gateway: GatewayProcess, path: str, headers: dict[str, str], status: int
+) -> None:
+    with socket.create_connection(("127.0.0.1", gateway.port)) as sock:
+        head = {"Content-Type": "application/json", "Content-Length": "100000", **headers}
+        sock.sendall(_head(path, head) + b'{"a": ')
+        answered, _, _ = _response(sock, timeout=5)
+        assert answered == status
+        closed_after = _trickle_until_closed(sock, seconds=8)
+    assert closed_after is not None, "the connection stayed open while bytes kept coming"
+    assert closed_after < 4
+
+
+def test_a_body_timeout_ends_the_connection(gateway: GatewayProcess) -> None:
+    """The 408 for a body not received in time is the last word on that connection."""
+    with socket.create_connection(("127.0.0.1", gateway.port)) as sock:
+        head = {
+            "Content-Type": "application/json",
+            "Content-Length": "100000",
+            "X-GitHub-Event": "issues",
+            "X-GitHub-Delivery": "d-1",
+            "X-Hub-Signature-256": "sha256=" + "0" * 64,
+        }
+        sock.sendall(_head("/v1/webhooks/github", head) + b'{"a": ')
+        for _ in range(15):  # a byte every 100 ms: slower than the 1 s body timeout allows
+            with contextlib.suppress(OSError):
+                sock.sendall(b" ")
+            time.sleep(0.1)
+        answered, _, error = _response(sock, timeout=5)
+        assert (answered, error["error"]) == (408, "RequestTimeout")
+        closed_after = _trickle_until_closed(sock, seconds=8)
+    assert closed_after is not None, "the connection stayed open while bytes kept coming"
+    assert closed_after < 4
