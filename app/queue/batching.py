@@ -30,7 +30,7 @@ from typing import Any, Protocol
 from redis.exceptions import NoScriptError
 
 from app.queue.replays import Claim, ReplayInFlight
-from app.queue.streams import ENQUEUE, EnqueueResult, EventQueue, NewEntry
+from app.queue.streams import BY_REPLAY, CREATED, ENQUEUE, EnqueueResult, EventQueue, NewEntry
 
 
 class EventEnqueuer(Protocol):
@@ -46,6 +46,9 @@ class _Pending:
     args: tuple[str, int, bytes]
     claim: Claim | None
     future: asyncio.Future[EnqueueResult] = field(repr=False)
+    # Answered as a duplicate of this very request (by its claim or its partition's replay
+    # key), not only of its delivery id.
+    same_request: bool = False
 
 
 class EnqueueBatcher:
@@ -84,7 +87,9 @@ class EnqueueBatcher:
     async def _flush(self, batch: list[_Pending]) -> None:
         """Replay claims first (``replays.py``: one round trip, only when some events have a
         second identity), then the partitions' scripts. An event whose claim an earlier
-        event of the same batch takes gets that event's answer."""
+        event of the same batch takes is that event's duplicate — unless that event was
+        refused for its delivery id alone (a copy relabelled with an old one): then it goes
+        on its own, in one more round."""
         leaders: dict[str, _Pending] = {}
         followers: list[tuple[_Pending, _Pending]] = []
         for item in batch:
@@ -106,20 +111,22 @@ class EnqueueBatcher:
             if isinstance(answer, ReplayInFlight):
                 _fail(item.future, answer)
             elif not item.future.done():
+                item.same_request = True
                 item.future.set_result(EnqueueResult(answer, created=False))
         going = [item for item in batch if id(item) not in answered]
         try:
             await self._enqueue(going)
         finally:
             not_queued = [
-                item.claim
+                (item.claim, _created_as(item.future) if item.same_request else None)
                 for item in going
-                if item.claim is not None and _created_as(item.future) is None
+                if item.claim is not None and not _queued(item.future)
             ]
             if not_queued:
-                await self.queue.replays.give_back(not_queued)  # rare
-            for follower, leader in followers:
-                _follow(follower.future, leader.future)
+                await self.queue.replays.settle(not_queued)  # rare
+        alone = [follower for follower, leader in followers if not _follow(follower, leader)]
+        if alone:
+            await self._flush(alone)
 
     async def _enqueue(self, batch: list[_Pending]) -> None:
         if not batch:
@@ -162,31 +169,45 @@ class EnqueueBatcher:
 
 def _resolve(group: Sequence[_Pending], reply: Sequence[Any]) -> None:
     for index, item in enumerate(group):
-        created, stored_id = reply[2 * index], reply[2 * index + 1]
+        code, stored_id = reply[2 * index], reply[2 * index + 1]
         if not item.future.done():
             event_id = stored_id.decode() if isinstance(stored_id, bytes) else str(stored_id)
-            item.future.set_result(EnqueueResult(event_id, bool(created)))
+            item.same_request = code == BY_REPLAY
+            item.future.set_result(EnqueueResult(event_id, code == CREATED))
+
+
+def _queued(future: asyncio.Future[EnqueueResult]) -> bool:
+    """True when the enqueue queued its event (not failed, never run, nor a duplicate)."""
+    if not future.done() or future.cancelled() or future.exception() is not None:
+        return False
+    return future.result().created
 
 
 def _created_as(future: asyncio.Future[EnqueueResult]) -> str | None:
-    """The event id an enqueue queued; None when it failed, never ran or found a duplicate
-    (its claim is then given back)."""
+    """The event an enqueue was answered with, None when it failed or never ran."""
     if not future.done() or future.cancelled() or future.exception() is not None:
         return None
-    result = future.result()
-    return result.event_id if result.created else None
+    return future.result().event_id
 
 
-def _follow(future: asyncio.Future[EnqueueResult], leader: asyncio.Future[EnqueueResult]) -> None:
-    """An identical request's answer: a duplicate of whatever its leader was answered."""
+def _follow(follower: _Pending, leader: _Pending) -> bool:
+    """An identical request answered like its leader: a duplicate of the event the leader
+    was queued as or found queued for the same request, or the leader's error. False when
+    the leader was refused for its delivery id alone: that says nothing of this request."""
+    future = follower.future
     if future.done():
-        return
-    if not leader.done() or leader.cancelled():
+        return True
+    if not leader.future.done() or leader.future.cancelled():
         future.cancel()
-    elif (exc := leader.exception()) is not None:
+    elif (exc := leader.future.exception()) is not None:
         future.set_exception(exc)
     else:
-        future.set_result(EnqueueResult(leader.result().event_id, created=False))
+        result = leader.future.result()
+        if not (result.created or leader.same_request):
+            return False
+        follower.same_request = True
+        future.set_result(EnqueueResult(result.event_id, created=False))
+    return True
 
 
 def _fail_all(batch: Sequence[_Pending], exc: BaseException) -> None:

@@ -16,10 +16,12 @@ it queued (the partition's own replay key, which its enqueue script sets):
   delivery id, or its process died): take the claim over (compare-and-set) and go on.
 
 No second round trip to confirm a claim: one pipelined ``SET NX`` per batch is the whole cost
-on the common path. An enqueue that fails, or finds a duplicate, gives its claim back at
-once (rare). If two identical requests race and the first one's enqueue takes longer than
-the wait, both may be queued, each in its partition (the sender's own retries land in the
-same partition, where its dedup keys catch them).
+on the common path. An enqueue that fails, or finds a duplicate by delivery id, gives its
+claim back at once (rare); one that finds this very request already queued in its partition
+(a slow first request whose claim it took over) makes the claim name that event. If two
+identical requests race and the first one's enqueue takes longer than the wait, both may be
+queued, each in its partition (the sender's own retries land in the same partition, where
+its dedup keys catch them).
 """
 
 from __future__ import annotations
@@ -134,14 +136,18 @@ class ReplayClaims:
                 answers[i] = ReplayInFlight("an identical signed request is being queued now")
         return answers
 
-    async def give_back(self, claims: Sequence[Claim]) -> None:
-        """Claims whose events were not queued (the enqueue failed, or found a duplicate by
-        delivery id), given back if still theirs. Never raises: a claim left behind is taken
-        over by the next identical request after its short wait."""
+    async def settle(self, claims: Sequence[tuple[Claim, str | None]]) -> None:
+        """Claims whose events were not queued, if still theirs: given back (None: the
+        enqueue failed, or found a duplicate by delivery id), or made to name the event that
+        their partition already holds for this request (its proof key names it), so later
+        copies are its duplicates. Never raises: a claim left behind is taken over by the
+        next identical request after its short wait."""
         try:
-            for claim in claims:
-                await self._swap(keys=[claim.key], args=[claim.value, "", 0])
+            for claim, queued_as in claims:
+                if queued_as is None:
+                    await self._swap(keys=[claim.key], args=[claim.value, "", 0])
+                else:
+                    named = f"{queued_as} {claim.proof_key}"
+                    await self._swap(keys=[claim.key], args=[claim.value, named, claim.window_ms])
         except (RedisError, OSError) as exc:
-            log.warning(
-                "replay_claims_not_given_back", claims=len(claims), error=type(exc).__name__
-            )
+            log.warning("replay_claims_not_settled", claims=len(claims), error=type(exc).__name__)

@@ -27,13 +27,20 @@ GROUP = b"eventgate"
 # answered); else it is XADDed and both keys, and the queued marker (for the admin API,
 # until the worker has stored it), are set. An event without a second identity passes its
 # dedup key twice. A 2xx is only sent once the XADD has happened.
+# Per event the reply is a code and an event id: CREATED, or a duplicate found by the
+# delivery id (BY_DELIVERY) or by the second identity alone (BY_REPLAY: the same request).
 ENQUEUE = """
 local out = {}
 for i = 0, #KEYS / 4 - 1 do
   local k, a = i * 4, i * 3
-  local existing = redis.call('GET', KEYS[k + 1]) or redis.call('GET', KEYS[k + 2])
+  local existing = redis.call('GET', KEYS[k + 1])
+  local found = 0
+  if not existing then
+    existing = redis.call('GET', KEYS[k + 2])
+    found = 2
+  end
   if existing then
-    out[#out + 1] = 0
+    out[#out + 1] = found
     out[#out + 1] = existing
   else
     redis.call('XADD', KEYS[k + 3], '*', 'e', ARGV[a + 3])
@@ -46,6 +53,8 @@ for i = 0, #KEYS / 4 - 1 do
 end
 return out
 """
+
+BY_DELIVERY, CREATED, BY_REPLAY = 0, 1, 2
 
 # Fenced ack: a worker whose lease tenure ended (ARGV[3] no longer the lease value) cannot ack.
 # The entry's failure count (KEYS[4]) goes with it.
@@ -161,18 +170,17 @@ class EventQueue:
                 return EnqueueResult(held, created=False)
         keys = self.enqueue_keys(self.partition_of(entry.group_key), entry)
         try:
-            created, stored_id = await self._enqueue(
+            code, stored = await self._enqueue(
                 keys=list(keys), args=[entry.event_id, entry.dedup_window_ms, entry.data]
             )
         except BaseException:
             if claim is not None:
-                await self.replays.give_back([claim])
+                await self.replays.settle([(claim, None)])
             raise
-        if claim is not None and not created:
-            await self.replays.give_back([claim])
-        return EnqueueResult(
-            stored_id.decode() if isinstance(stored_id, bytes) else stored_id, bool(created)
-        )
+        stored_id = stored.decode() if isinstance(stored, bytes) else str(stored)
+        if claim is not None and code != CREATED:
+            await self.replays.settle([(claim, stored_id if code == BY_REPLAY else None)])
+        return EnqueueResult(stored_id, code == CREATED)
 
     async def ensure_groups(self, partitions: list[int]) -> None:
         for partition in partitions:

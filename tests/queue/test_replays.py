@@ -4,6 +4,8 @@ left pending, a failed enqueue and identical requests in one batch are answered.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -12,7 +14,8 @@ from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from app.queue.batching import EnqueueBatcher
-from app.queue.streams import EnqueueResult, EventQueue, NewEntry
+from app.queue.replays import Claim, ReplayClaims, ReplayInFlight
+from app.queue.streams import ENQUEUE, EnqueueResult, EventQueue, NewEntry
 
 
 def _entry(event_id: str, group_key: str, *, replay: str = "sig-a") -> NewEntry:
@@ -110,3 +113,70 @@ async def test_a_failed_enqueue_gives_its_claim_back(redis: Redis, redis_prefix:
     queue.fail = False
     # The sender's retry is queued at once, not refused as in flight.
     assert await queue.enqueue(_entry("evt_2", "acme/api")) == EnqueueResult("evt_2", True)
+
+
+def _relabelled(event_id: str, group_key: str, *, delivery_id: str) -> NewEntry:
+    """The same signed body (same replay id) sent with another, unsigned delivery id."""
+    entry = _entry(event_id, group_key)
+    return dataclasses.replace(entry, delivery_id=delivery_id)
+
+
+async def test_a_copy_refused_by_an_old_delivery_id_does_not_take_the_genuine_request_down(
+    queue: EventQueue,
+) -> None:
+    """In one batch, a copy of a genuine request relabelled with an old delivery id is a
+    duplicate of that old event; the genuine request (same body, its own delivery id) is not
+    a duplicate of the old event, and is queued."""
+    old = NewEntry(
+        event_id="evt_old",
+        source="github",
+        delivery_id="d-old",
+        group_key="acme/api",
+        data=b"{}",
+        dedup_window_ms=60_000,
+        replay_id="another-body",
+    )
+    batcher = EnqueueBatcher(queue)
+    assert await batcher.enqueue(old) == EnqueueResult("evt_old", True)
+    copy, genuine = await asyncio.gather(
+        batcher.enqueue(_relabelled("evt_copy", "acme/api", delivery_id="d-old")),
+        batcher.enqueue(_entry("evt_real", "acme/api")),
+    )
+    assert copy == EnqueueResult("evt_old", False)
+    assert genuine == EnqueueResult("evt_real", True)
+    assert (await queue.backlog())[0] == 2
+
+
+class FirstLandsLate(ReplayClaims):
+    """The first request's script runs right after a second one has taken its claim over
+    (it was slower than the wait, not dead)."""
+
+    def __init__(self, queue: EventQueue) -> None:
+        super().__init__(queue.redis, prefix=queue.prefix)
+        self.queue = queue
+
+    async def take(self, claims: Sequence[Claim]) -> list[str | ReplayInFlight | None]:
+        answers = await super().take(claims)
+        first = _entry("evt_1", "acme/api")
+        keys = self.queue.enqueue_keys(self.queue.partition_of(first.group_key), first)
+        await self.redis.eval(ENQUEUE, 4, *keys, "evt_1", 60_000, b"{}")
+        return answers
+
+
+@pytest.mark.parametrize("batched", [True, False])
+async def test_a_claim_taken_over_keeps_naming_the_queued_event(
+    queue: EventQueue, redis: Redis, batched: bool
+) -> None:
+    """The first request was slower than the wait: a second one took its claim over, then
+    found it queued in the same partition (a duplicate). The claim must go on naming the
+    queued event, so a later copy into another partition is still a duplicate."""
+    slow = queue.claim_of(_entry("evt_1", "acme/api"))
+    assert slow is not None
+    await redis.set(slow.key, slow.value, px=60_000)  # evt_1 claimed, its script not run yet
+    queue.replays = FirstLandsLate(queue)
+    enqueuer = EnqueueBatcher(queue) if batched else queue
+    second = await enqueuer.enqueue(_relabelled("evt_2", "acme/api", delivery_id="d-2"))
+    assert second == EnqueueResult("evt_1", False)
+    queue.replays = ReplayClaims(redis, prefix=queue.prefix)
+    assert await enqueuer.enqueue(_entry("evt_3", "octocat")) == EnqueueResult("evt_1", False)
+    assert (await queue.backlog())[0] == 1
