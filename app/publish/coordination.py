@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from app.faults import LeaseLost
 from app.leases import LeaseScripts, relay_lease_key
 
 # Of the lease's ttl, the part a holder counts on: Redis may see the renewal a little later
@@ -43,6 +45,37 @@ class RelayLease:
             held = False
         self.valid_until = started + self.ttl_ms / 1000 * SAFE_FRACTION if held else 0.0
         return held
+
+    @contextlib.asynccontextmanager
+    async def covering(self) -> AsyncIterator[None]:
+        """The block runs only while this relay counts on the lease; ``LeaseLost`` otherwise.
+
+        The lease is renewed on entry, so whatever came before (waiting for a batch slot)
+        does not count, and only extended, never taken again: a lease that lapsed is a gap
+        in which another relay may have published. The block is cancelled (``LeaseLost``)
+        at ``valid_until``.
+        """
+        if not await self._extend():
+            raise LeaseLost("the relay lease is not this relay's any more")
+        deadline = asyncio.timeout_at(self.valid_until)
+        try:
+            async with deadline:
+                yield
+        except TimeoutError:
+            if not deadline.expired():
+                raise  # the block's own
+            raise LeaseLost("the relay lease ran out before the block finished") from None
+
+    async def _extend(self) -> bool:
+        """Renew the lease if it is still this holder's; a Redis that does not answer is
+        a lease not renewed."""
+        started = asyncio.get_running_loop().time()
+        try:
+            extended = await self._scripts.renew(self.key, holder=self.owner, ttl_ms=self.ttl_ms)
+        except (RedisError, OSError):
+            extended = False
+        self.valid_until = started + self.ttl_ms / 1000 * SAFE_FRACTION if extended else 0.0
+        return extended
 
     async def release(self) -> None:
         with contextlib.suppress(RedisError, OSError):  # it expires by itself
