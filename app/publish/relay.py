@@ -201,9 +201,11 @@ class OutboxRelay:
         """A publish must be answered while this relay counts on its lease: past that, the
         next holder may have published the group's later rows, and a late send of this row
         would arrive after them. That time starts once the publish has a batch slot, on a
-        renewal of the lease (``RelayLease.covering``). An abandoned publish is retried by
-        whoever holds the lease (if it did reach SNS, the same deduplication id makes the
-        retry a no-op)."""
+        renewal of the lease, and the lease is renewed while SNS takes its time
+        (``RelayLease.covering``): a slow SNS delays a publish, and only a lease lost to
+        another relay, or not renewed in time, abandons it. An abandoned publish is retried
+        by whoever holds the lease (if it did reach SNS, the same deduplication id makes
+        the retry a no-op)."""
         covered: contextlib.AbstractAsyncContextManager[None] = (
             self.lease.covering() if self.lease is not None else contextlib.nullcontext()
         )
@@ -213,7 +215,7 @@ class OutboxRelay:
                 results = await self.publisher.publish_batch([outgoing(r) for r in batch])
         except LeaseLost:
             raise PublishError(
-                "abandoned: the relay's lease ran out before SNS answered",
+                "abandoned: the relay lost its lease before SNS answered",
                 code="LeaseExpired",
                 retryable=True,
             ) from None
