@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from app.faults import LeaseLost
 from app.leases import LeaseScripts, relay_lease_key
 
 # Of the lease's ttl, the part a holder counts on: Redis may see the renewal a little later
@@ -19,18 +21,30 @@ SAFE_FRACTION = 0.8
 class RelayLease:
     """One relay publishes at a time across all gateway processes.
 
-    ``valid_until`` (event-loop time) is when this holder stops counting on the lease: a
-    publish still unanswered then is abandoned (``app/publish/relay.py``), so a relay that
-    stalled (SIGSTOP, a suspended VM, a long pause) cannot send an old row after the next
-    holder has moved the group on.
+    ``valid_until`` (event-loop time) is when this holder stops counting on the lease:
+    ``SAFE_FRACTION`` of the ttl after the start of its last renewal. A publish runs inside
+    ``covering()``, which keeps renewing the lease, so a slow SNS only delays it; it is
+    abandoned (``app/publish/relay.py``) once a renewal finds the lease another relay's, or
+    at ``valid_until`` when no renewal got through in time, so a relay that stalled (SIGSTOP,
+    a suspended VM, a long pause) cannot send an old row after the next holder has moved the
+    group on.
     """
 
-    def __init__(self, redis: Redis, *, prefix: str, owner: str, ttl_ms: int = 15_000) -> None:
+    def __init__(
+        self,
+        redis: Redis,
+        *,
+        prefix: str,
+        owner: str,
+        ttl_ms: int = 15_000,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
         self.redis = redis
         self.key = relay_lease_key(prefix)
         self.owner = owner
         self.ttl_ms = ttl_ms
         self.valid_until = 0.0
+        self.sleep = sleep  # between the renewals of ``covering()``
         self._scripts = LeaseScripts(redis)
 
     async def hold(self) -> bool:
@@ -43,6 +57,72 @@ class RelayLease:
             held = False
         self.valid_until = started + self.ttl_ms / 1000 * SAFE_FRACTION if held else 0.0
         return held
+
+    @contextlib.asynccontextmanager
+    async def covering(self) -> AsyncIterator[None]:
+        """The block runs only while this relay counts on the lease; ``LeaseLost`` otherwise.
+
+        The lease is renewed on entry, so whatever came before (waiting for a batch slot)
+        does not count, then every third of the ttl while the block runs, and each renewal
+        moves the block's deadline on. Renewals only extend, never take the lease again: a
+        lease that lapsed is a gap in which another relay may have published. The block is
+        cancelled (``LeaseLost``) as soon as a renewal finds the lease another relay's or
+        lapsed, and at ``valid_until`` when renewals do not get through (Redis unreachable,
+        this process stalled). The renewing task never outlives the block; if it fails, the
+        block is cancelled and its exception raised from here.
+        """
+        try:
+            extended = await self._extend()
+        except (RedisError, OSError):
+            extended = False  # nothing is sent on a lease not confirmed
+        if not extended:
+            raise LeaseLost("the relay lease is not this relay's any more")
+        deadline = asyncio.timeout_at(self.valid_until)
+        try:
+            async with deadline:
+                keeper = asyncio.create_task(self._keep(deadline), name="relay-lease-keeper")
+                try:
+                    yield
+                finally:
+                    keeper.cancel()
+                    await asyncio.wait([keeper])
+                    if not keeper.cancelled() and (failure := keeper.exception()) is not None:
+                        raise failure
+        except TimeoutError:
+            if not deadline.expired():
+                raise  # the block's own
+            raise LeaseLost("the relay lease ran out before the block finished") from None
+
+    async def _keep(self, deadline: asyncio.Timeout) -> None:
+        """Renew every third of the ttl for ``covering()``, moving ``deadline`` with each
+        renewal; a renewal Redis does not answer leaves it where the last one put it."""
+        try:
+            while True:
+                await self.sleep(self.ttl_ms / 1000 / 3)
+                try:
+                    extended = await self._extend()
+                except (RedisError, OSError):
+                    continue
+                if deadline.expired():
+                    return
+                # A lost lease has valid_until 0.0: the block is cancelled at once.
+                deadline.reschedule(self.valid_until)
+                if not extended:
+                    return
+        except Exception:
+            # Without renewals the deadline would still hold, but a broken keeper is a bug
+            # to see now, not at the next stall.
+            if not deadline.expired():
+                deadline.reschedule(asyncio.get_running_loop().time())
+            raise
+
+    async def _extend(self) -> bool:
+        """Renew the lease if it is still this holder's. ``valid_until`` moves on when it
+        is, and becomes 0.0 when it is not; Redis errors are raised, leaving it as it was."""
+        started = asyncio.get_running_loop().time()
+        extended = await self._scripts.renew(self.key, holder=self.owner, ttl_ms=self.ttl_ms)
+        self.valid_until = started + self.ttl_ms / 1000 * SAFE_FRACTION if extended else 0.0
+        return extended
 
     async def release(self) -> None:
         with contextlib.suppress(RedisError, OSError):  # it expires by itself

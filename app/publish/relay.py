@@ -26,6 +26,7 @@ import structlog
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.events import EventStatus
+from app.faults import LeaseLost
 from app.observability.metrics import END_TO_END, EVENTS_FINISHED, PUBLISHED
 from app.publish.coordination import PublishedMemory, RelayLease
 from app.publish.messages import outgoing
@@ -199,15 +200,22 @@ class OutboxRelay:
     async def _publish(self, batch: list[OutboxRow]) -> list[Published | PublishError]:
         """A publish must be answered while this relay counts on its lease: past that, the
         next holder may have published the group's later rows, and a late send of this row
-        would arrive after them. An abandoned publish is retried by whoever holds the lease
-        (if it did reach SNS, the same deduplication id makes the retry a no-op)."""
-        deadline = self.lease.valid_until if self.lease is not None else None
+        would arrive after them. That time starts once the publish has a batch slot, on a
+        renewal of the lease, and the lease is renewed while SNS takes its time
+        (``RelayLease.covering``): a slow SNS delays a publish, and only a lease lost to
+        another relay, or not renewed in time, abandons it. An abandoned publish is retried
+        by whoever holds the lease (if it did reach SNS, the same deduplication id makes
+        the retry a no-op)."""
+        covered: contextlib.AbstractAsyncContextManager[None] = (
+            self.lease.covering() if self.lease is not None else contextlib.nullcontext()
+        )
         try:
-            async with self._batch_slots, asyncio.timeout_at(deadline):
+            # The slot first: waiting for one is not the publish's time under the lease.
+            async with self._batch_slots, covered:
                 results = await self.publisher.publish_batch([outgoing(r) for r in batch])
-        except TimeoutError:
+        except LeaseLost:
             raise PublishError(
-                "abandoned: the relay's lease ran out before SNS answered",
+                "abandoned: the relay lost its lease before SNS answered",
                 code="LeaseExpired",
                 retryable=True,
             ) from None

@@ -8,7 +8,9 @@ the lease, published that row and the group's later rows meanwhile: past 5 minut
 subscriber got the group's first message again after the later ones. A publish is now
 abandoned once its relay no longer counts on the lease. The test records what each relay
 hands to SNS (the ``Publisher`` protocol is the relay's edge) with the real leases and
-memory in Redis and the real outbox.
+memory in Redis and the real outbox. A frozen process renews nothing: the stalled relay's
+lease sleeps between renewals until it thaws (a publish merely slow keeps its lease,
+``test_slow_sns.py``).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ class Wire:
 
 class FreezingPublisher:
     """Publishes onto the wire; the first call waits for ``thaw`` (the process is frozen
-    with the request about to go out)."""
+    with the request about to go out). ``sleep`` is its relay lease's: frozen too."""
 
     def __init__(self, name: str, wire: Wire, *, freeze: bool) -> None:
         self.name, self.wire = name, wire
@@ -56,6 +58,11 @@ class FreezingPublisher:
         self.wire.sent += [(self.name, m.dedup_id) for m in messages]
         return [Published(f"mid-{self.name}-{m.dedup_id[:8]}", None) for m in messages]
 
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+        if self.frozen.is_set():
+            await self.thaw.wait()
+
 
 def _relay(
     sessions: Sessions, redis: Redis, prefix: str, name: str, publisher: FreezingPublisher
@@ -63,7 +70,7 @@ def _relay(
     return OutboxRelay(
         sessions=sessions,
         publisher=publisher,
-        lease=RelayLease(redis, prefix=prefix, owner=name, ttl_ms=300),
+        lease=RelayLease(redis, prefix=prefix, owner=name, ttl_ms=300, sleep=publisher.sleep),
         memory=PublishedMemory(redis, prefix=prefix, window_seconds=86_400),
         poll_seconds=0.1,
     )
