@@ -17,7 +17,8 @@ A reply must not carry keys the operator's schema never names (a ``topic_arn``, 
 - What cannot be read like that raises ``Unfilterable``, never passes unfiltered nor trimmed
   to what was read: a reference that does not resolve within the schema itself (nothing is
   fetched), ``$recursiveRef`` (2020-12 validation ignores it), a ``$schema`` other than
-  2020-12, more than ``MAX_PARTS`` schemas composed at one place.
+  2020-12, more than ``MAX_PARTS`` schemas composed at one place. ``check_readable`` tries
+  every subschema once, so a config can refuse such a schema before any call.
 """
 
 from __future__ import annotations
@@ -53,6 +54,19 @@ class _Place(NamedTuple):
 def declared_only(schema: Any, value: Any) -> tuple[Any, list[Path]]:
     """``value`` without what ``schema`` does not declare, and the paths dropped."""
     return _filter([_root(schema)], value, (), {})
+
+
+def check_readable(schema: Any) -> None:
+    """Raise ``Unfilterable`` if any subschema a value could meet cannot be read."""
+    todo, seen = [_root(schema)], set()
+    while todo:
+        place = todo.pop()
+        if id(place.schema) in seen:
+            continue
+        seen.add(id(place.schema))
+        for part in _parts([place]):
+            resource = DRAFT202012.create_resource(part.schema)
+            todo += [_descend(part, sub.contents) for sub in resource.subresources()]
 
 
 def _root(schema: Any) -> _Place:
@@ -140,7 +154,7 @@ def _parts(places: list[_Place]) -> list[_Place]:
 
 def _composed(place: _Place, seen: set[tuple[int, tuple[str, ...]]]) -> list[_Place]:
     """``place`` and what it composes in place, but what ``seen`` holds; at most MAX_PARTS
-    of them."""
+    of them, so that a schema ``check_readable`` passed is never refused here."""
     parts: list[_Place] = []
     todo = [place]
     while todo:
