@@ -24,6 +24,7 @@ from pydantic import (
     model_validator,
 )
 
+from app.declared_keys import Unfilterable, check_readable
 from app.source_config import SourceConfig
 
 __all__ = ["ConfigError", "GatewayConfig", "SourceConfig", "load_config"]
@@ -117,6 +118,11 @@ class ToolConfig(_Strict):
             Draft202012Validator.check_schema(value)
         except SchemaError as exc:
             raise ValueError(f"not a valid JSON schema: {exc.message}") from exc
+        try:
+            check_readable(value)
+        except Unfilterable as exc:
+            # Every call of the tool would be refused: its undeclared keys cannot be told apart.
+            raise ValueError(f"undeclared input keys could not be filtered out: {exc}") from exc
         return value
 
     @field_validator("topic_arn")

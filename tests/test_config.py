@@ -105,3 +105,25 @@ def test_check_config_reports_errors_with_exit_code_2(tmp_path: Path) -> None:
     )
     assert result.exit_code == 2
     assert "pipelines.p.tools: unknown tool 'ghost'" in result.output
+
+
+@pytest.mark.parametrize(
+    ("schema", "why"),
+    [
+        ("{$ref: 'https://example.com/alert.json'}", "does not resolve within the schema"),
+        ("{anyOf: [{}, {$ref: '#/$defs/missing'}]}", "does not resolve within the schema"),
+        ("{$recursiveRef: '#'}", "$recursiveRef"),
+        ("{$schema: 'http://json-schema.org/draft-07/schema#'}", "only https://json-schema"),
+        (f"{{allOf: [{', '.join(['{}'] * 64)}]}}", "more than 64 schemas"),
+    ],
+    ids=["remote-ref", "missing-ref", "recursiveRef", "draft-07", "65-parts"],
+)
+def test_a_schema_whose_undeclared_keys_cannot_be_told_is_refused(schema: str, why: str) -> None:
+    """Else every call of the tool would be refused (or, before, published unfiltered)."""
+    text = GOOD.replace("title: {type: string}}", f"title: {{type: string}}, detail: {schema}}}")
+    assert text != GOOD
+    with pytest.raises(ConfigError) as info:
+        parse_config(text, env={"GH_SECRET": "config-test-secret"})
+    (error,) = info.value.errors
+    assert error.startswith("tools.alert.input_schema: undeclared input keys could not be"), error
+    assert why in error, error

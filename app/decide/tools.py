@@ -5,20 +5,20 @@ call beyond the pipeline's ``max_tool_calls``. An input that does not match its 
 schema gets one repair turn: every tool_use of the reply is answered with a tool_result
 (``is_error`` with the validation message for the invalid ones), and the repaired reply
 replaces the first one as the whole decision. Keys that a tool's schema does not declare
-(``properties``/``patternProperties``, through local ``$ref``s and ``allOf``/``anyOf``/
-``oneOf`` branches too) are dropped from an accepted input unless the schema allows them
-explicitly (``additionalProperties: true`` or a schema), so a reply cannot carry, say, a
-``topic_arn`` into the published message.
+are dropped from an accepted input (``app.declared_keys`` says what counts as declared), so a
+reply cannot carry, say, a ``topic_arn`` into the published message; a call whose schema
+cannot be read well enough to tell is refused, never published unfiltered.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from jsonschema import Draft202012Validator
+from referencing.exceptions import Unresolvable
 
+from app.declared_keys import Unfilterable, declared_only
 from app.llm.client import ClaudeReply, ClaudeRequest
 
 _MAX_ERRORS = 3
@@ -35,6 +35,8 @@ class ToolCheck:
     max_calls: int = 0
     # "tool.key" paths dropped from accepted inputs: not declared by the tool's schema
     dropped: list[str] = field(default_factory=list)
+    # tool_use id → "tool: why", for calls refused because the schema cannot be read
+    unfilterable: dict[str, str] = field(default_factory=dict)
 
     def problems(self) -> list[str]:
         return list(self.invalid.values())
@@ -49,6 +51,11 @@ class ToolCheck:
             notes.append(
                 f"refused {len(self.over_limit)} tool call(s) beyond max_tool_calls "
                 f"({self.max_calls})"
+            )
+        if self.unfilterable:
+            notes.append(
+                "refused tool call(s) whose input cannot be filtered to the keys its schema "
+                f"declares: {'; '.join(self.unfilterable.values())}"
             )
         if self.dropped:
             notes.append(f"dropped undeclared input keys: {', '.join(self.dropped[:20])}")
@@ -67,24 +74,30 @@ def check_tool_uses(
     invalid: dict[str, str] = {}
     over_limit: dict[str, str] = {}
     dropped: list[str] = []
+    unfilterable: dict[str, str] = {}
     for use in reply.tool_uses():
         name = use.get("name")
         if name not in offered:
             refused.append(str(name))
             continue
-        if len(accepted) + len(invalid) >= max_calls:
+        if len(accepted) + len(invalid) + len(unfilterable) >= max_calls:
             over_limit[str(use.get("id"))] = name
             continue
         validator = validators[name]
-        errors = list(validator.iter_errors(use.get("input")))[:_MAX_ERRORS]
-        if errors:
-            where = [("/".join(str(p) for p in e.absolute_path) or "input") for e in errors]
-            detail = "; ".join(f"{w}: {e.message}" for w, e in zip(where, errors, strict=True))
-            invalid[str(use.get("id"))] = f"{name}: {detail}"
-        else:
-            cleaned, extra = declared_only(validator.schema, use.get("input"))
-            dropped += [f"{name}.{path}" for path in extra]
-            accepted.append({**use, "input": cleaned})
+        try:
+            errors = list(validator.iter_errors(use.get("input")))[:_MAX_ERRORS]
+            if errors:
+                where = [("/".join(str(p) for p in e.absolute_path) or "input") for e in errors]
+                detail = "; ".join(f"{w}: {e.message}" for w, e in zip(where, errors, strict=True))
+                invalid[str(use.get("id"))] = f"{name}: {detail}"
+            else:
+                cleaned, extra = declared_only(validator.schema, use.get("input"))
+                dropped += [".".join(shown(str(key)) for key in (name, *path)) for path in extra]
+                accepted.append({**use, "input": cleaned})
+        except Unresolvable as exc:  # met by validation before the filter could say so
+            unfilterable[str(use.get("id"))] = f"{name}: {exc.ref!r} does not resolve"
+        except Unfilterable as exc:
+            unfilterable[str(use.get("id"))] = f"{name}: {exc}"
     return ToolCheck(
         accepted=accepted,
         refused=refused,
@@ -92,108 +105,8 @@ def check_tool_uses(
         over_limit=over_limit,
         max_calls=max_calls,
         dropped=dropped,
+        unfilterable=unfilterable,
     )
-
-
-def declared_only(
-    schema: Any, value: Any, path: str = "", *, root: Any = None
-) -> tuple[Any, list[str]]:
-    """``value`` without the object keys ``schema`` does not declare; the dropped paths.
-
-    What a schema declares includes what it composes: its local ``$ref``s and its ``allOf``
-    / ``anyOf`` / ``oneOf`` / ``then`` / ``else`` branches (a key declared by any of them is
-    kept). An object schema with no ``properties`` anywhere declares nothing in particular
-    and keeps all; ``additionalProperties: true`` (or a schema) keeps undeclared keys
-    explicitly."""
-    root = schema if root is None else root
-    parts = _parts(schema, root)
-    if isinstance(value, list):
-        items = [part["items"] for part in parts if isinstance(part.get("items"), dict)]
-        if not items:
-            return value, []
-        item_schema = items[0] if len(items) == 1 else {"allOf": items}
-        kept, dropped = [], []
-        for index, item in enumerate(value):
-            clean, more = declared_only(item_schema, item, f"{path}{index}.", root=root)
-            kept.append(clean)
-            dropped += more
-        return kept, dropped
-    declared: dict[str, list[Any]] = {}
-    for part in parts:
-        properties = part.get("properties")
-        if isinstance(properties, dict):
-            for key, sub in properties.items():
-                declared.setdefault(key, []).append(sub)
-    if not isinstance(value, dict) or not any(
-        isinstance(part.get("properties"), dict) for part in parts
-    ):
-        return value, []
-    keep_extra = any(
-        part.get("additionalProperties") is True
-        or isinstance(part.get("additionalProperties"), dict)
-        for part in parts
-    )
-    patterns = [
-        pattern
-        for part in parts
-        for pattern in (part.get("patternProperties") or {})
-        if isinstance(pattern, str)
-    ]
-    out: dict[str, Any] = {}
-    dropped = []
-    for key, item in value.items():
-        if key in declared:
-            subs = declared[key]
-            sub = subs[0] if len(subs) == 1 else {"allOf": subs}
-            out[key], more = declared_only(sub, item, f"{path}{shown(key)}.", root=root)
-            dropped += more
-        elif keep_extra or any(re.search(pattern, key) for pattern in patterns):
-            out[key] = item
-        else:
-            dropped.append(f"{path}{shown(key)}")
-    return out, dropped
-
-
-_BRANCHES = ("allOf", "anyOf", "oneOf")
-_MAX_PARTS = 64
-
-
-def _parts(schema: Any, root: Any) -> list[dict[str, Any]]:
-    """``schema`` and every schema it composes at this level, local ``$ref``s resolved."""
-    parts: list[dict[str, Any]] = []
-    seen: set[int] = set()
-    stack = [schema]
-    while stack and len(parts) < _MAX_PARTS:
-        part = stack.pop()
-        if not isinstance(part, dict) or id(part) in seen:
-            continue
-        seen.add(id(part))
-        parts.append(part)
-        ref = part.get("$ref")
-        if isinstance(ref, str):
-            stack.append(_resolve(root, ref))
-        for name in _BRANCHES:
-            branches = part.get(name)
-            if isinstance(branches, list):
-                stack.extend(reversed(branches))
-        stack.extend(part.get(name) for name in ("then", "else"))
-    return parts
-
-
-def _resolve(root: Any, ref: str) -> Any:
-    """A ``#/...`` JSON pointer into the tool's own schema; None for anything else."""
-    if not ref.startswith("#"):
-        return None
-    node = root
-    for token in ref[1:].split("/")[1:]:
-        token = token.replace("~1", "/").replace("~0", "~")
-        if isinstance(node, dict) and token in node:
-            node = node[token]
-        elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
-            node = node[int(token)]
-        else:
-            return None
-    return node
 
 
 def shown(text: str, limit: int = 64) -> str:
@@ -213,6 +126,9 @@ def repair_request(request: ClaudeRequest, reply: ClaudeReply, check: ToolCheck)
                 f"Invalid input, nothing was done. {check.invalid[use_id]}. Call the tool "
                 "again with input that matches its input_schema."
             )
+            results.append(_result(use_id, text, error=True))
+        elif use_id in check.unfilterable:
+            text = "Not executed: this tool cannot take calls here (its schema is unusable)."
             results.append(_result(use_id, text, error=True))
         elif use_id in check.over_limit:
             text = f"Not executed: at most {check.max_calls} tool calls per event."
