@@ -16,6 +16,10 @@ import orjson
 from anthropic import AsyncAnthropic, AsyncAnthropicBedrock, DefaultAioHttpClient
 
 RETRYABLE_STATUS = frozenset({408, 409, 429})
+# What a reply's metadata may be, as kept (the audit row's columns, app/store/models.py): a
+# reply beyond them (a broken or hostile proxy) must not make its decision unstorable.
+MAX_MODEL, MAX_STOP_REASON, MAX_REQUEST_ID = 100, 64, 200
+MAX_COUNT = 2**31 - 1
 
 
 class ClaudeError(Exception):
@@ -153,17 +157,28 @@ class ClaudeClient:
                 retryable=True,
                 latency_ms=_ms(started),
             ) from exc
-        usage = message.get("usage") or {}
+        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(content, list) or not all(isinstance(b, dict) for b in content):
+            # A proxy's error page or a broken reply: nothing was decided; tried again.
+            raise ClaudeError(
+                "the reply is not a Messages API message",
+                error_type="MalformedReply",
+                retryable=True,
+                request_id=_request_id(raw.headers),
+                latency_ms=_ms(started),
+            )
+        usage = message.get("usage")
+        usage = usage if isinstance(usage, dict) else {}
         return ClaudeReply(
-            model=message.get("model", request.model),
+            model=_short(message.get("model"), MAX_MODEL) or request.model,
             request_id=_request_id(raw.headers),
-            stop_reason=message.get("stop_reason"),
-            content=[_without_nulls(block) for block in message.get("content", [])],
+            stop_reason=_short(message.get("stop_reason"), MAX_STOP_REASON),
+            content=[_without_nulls(block) for block in content],
             latency_ms=_ms(started),
-            input_tokens=usage.get("input_tokens") or 0,
-            output_tokens=usage.get("output_tokens") or 0,
-            cache_creation_input_tokens=usage.get("cache_creation_input_tokens") or 0,
-            cache_read_input_tokens=usage.get("cache_read_input_tokens") or 0,
+            input_tokens=_count(usage.get("input_tokens")),
+            output_tokens=_count(usage.get("output_tokens")),
+            cache_creation_input_tokens=_count(usage.get("cache_creation_input_tokens")),
+            cache_read_input_tokens=_count(usage.get("cache_read_input_tokens")),
             headers={
                 k: v
                 for k, v in raw.headers.items()
@@ -178,8 +193,23 @@ def _without_nulls(block: dict[str, Any]) -> dict[str, Any]:
 
 
 def _request_id(headers: Any) -> str | None:
-    value = headers.get("request-id") or headers.get("x-amzn-requestid")
-    return str(value) if value else None
+    return _short(headers.get("request-id") or headers.get("x-amzn-requestid"), MAX_REQUEST_ID)
+
+
+def _short(value: Any, limit: int) -> str | None:
+    """A short text field of a reply as the gateway keeps it: printable characters only,
+    at most ``limit`` of them; None for anything but a string."""
+    if not isinstance(value, str):
+        return None
+    text = value if value.isprintable() else "".join(c for c in value if c.isprintable())
+    return text[:limit] or None
+
+
+def _count(value: Any) -> int:
+    """A token count as the gateway keeps it: a whole number from 0 to ``MAX_COUNT``."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+        return 0
+    return int(min(max(value, 0), MAX_COUNT))
 
 
 def _ms(started: float) -> float:

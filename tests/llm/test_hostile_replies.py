@@ -7,7 +7,8 @@
 2. A refused tool name or a dropped input key was written raw into the audit row's and the
    event's ``error`` text: a NUL in it is refused by PostgreSQL, with the same result.
 3. Whatever else the database refuses in a decision is refused every time: the event is
-   dead-lettered after one Claude call.
+   dead-lettered after one Claude call. The reply's own metadata (model, stop reason,
+   request id, token counts) is kept within the audit columns, so it is never the cause.
 4. Undeclared keys were dropped only where a schema had ``properties`` itself: under
    ``$ref``, ``allOf``/``anyOf``/``oneOf`` they were all kept, so a reply could slip a
    ``topic_arn`` into the published body although the schema never declares it.
@@ -22,13 +23,15 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 import pytest_httpx2._plugin  # noqa: F401  (registers respx's httpcore2 mocker)
 import respx
 from jsonschema import Draft202012Validator
 from redis.asyncio import Redis
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
 
 from app.decide.tools import check_tool_uses
 from app.llm.client import ClaudeReply
@@ -193,6 +196,77 @@ def test_undeclared_keys_are_dropped_whatever_the_schema_composes(schema: dict[s
     assert "topic_arn" not in published and "message_group_id" not in published, published
 
 
+@pytest.mark.parametrize(
+    ("model", "stop_reason", "usage"),
+    [
+        ("m" * 300, "tool_use", {"input_tokens": 100, "output_tokens": 20}),
+        ("claude\x00-x", "tool_use\x00" + "s" * 100, {"input_tokens": 3e9, "output_tokens": 1}),
+        (None, 7, {"input_tokens": -5, "output_tokens": "20", "cache_read_input_tokens": True}),
+    ],
+    ids=["long-model", "nul-and-3e9-tokens", "wrong-types"],
+)
+async def test_reply_metadata_beyond_the_audit_columns_is_kept_within_them(
+    api: respx.Router,
+    sessions: async_sessionmaker[AsyncSession],
+    redis: Redis,
+    redis_prefix: str,
+    model: Any,
+    stop_reason: Any,
+    usage: dict[str, Any],
+) -> None:
+    """The model, stop reason and token counts come from the API's answer (here a broken or
+    hostile proxy's). They were kept as given: on PostgreSQL a NUL, a model over 100
+    characters or a count over 2**31 refused the whole decision, so it was dead-lettered (or,
+    where the refusal hit the dead-letter write too, retried, paying each time). They are
+    kept within the columns instead, and the decision is stored after one call."""
+    h = build(sessions=sessions, redis=redis, prefix=redis_prefix, text=PLAIN_CONFIG)
+    answer = reply(tool_use(value={"title": "disk full"}))
+    body = orjson.loads(answer.content) | {"model": model, "stop_reason": stop_reason}
+    body["usage"] = usage
+    route = api.post("/v1/messages").mock(
+        return_value=httpx.Response(200, json=body, headers={"request-id": "r" * 300})
+    )
+    event = make_event()
+
+    failures = await _deliver_like_the_worker(h, event, times=6)
+    outcome = await h.rows(event.id)
+    assert route.call_count == 1, f"Claude was asked {route.call_count} times ({failures})"
+    assert outcome.event.status == "processing" and len(outcome.outbox) == 1
+    (call,) = outcome.calls
+    assert call.status == "ok"
+    assert 0 < len(call.model) <= 100 and call.model.isprintable()
+    assert call.stop_reason is None or (
+        len(call.stop_reason) <= 64 and call.stop_reason.isprintable()
+    )
+    assert call.request_id is not None and len(call.request_id) <= 200
+    counts = [call.input_tokens, call.output_tokens, call.cache_read_input_tokens]
+    assert all(0 <= count < 2**31 for count in counts), counts
+
+
+async def test_a_malformed_reply_is_retried_not_stored(
+    api: respx.Router,
+    sessions: async_sessionmaker[AsyncSession],
+    redis: Redis,
+    redis_prefix: str,
+) -> None:
+    """A 200 whose body is not a message (a JSON list, content that is not a list of
+    blocks): an error the attempt records, not a crash of the decide stage."""
+    h = build(sessions=sessions, redis=redis, prefix=redis_prefix, text=PLAIN_CONFIG)
+    route = api.post("/v1/messages")
+    route.side_effect = [
+        httpx.Response(200, json=[{"type": "message"}]),
+        httpx.Response(200, json={"type": "message", "content": "text", "model": "m"}),
+        reply(tool_use(value={"title": "disk full"})),
+    ]
+    event = make_event()
+
+    await _deliver_like_the_worker(h, event, times=6)
+    outcome = await h.rows(event.id)
+    assert route.call_count == 3
+    assert len(outcome.outbox) == 1
+    assert [c.error_type for c in outcome.calls] == ["MalformedReply", "MalformedReply", None]
+
+
 async def test_a_decision_the_database_refuses_is_dead_lettered_after_one_call(
     api: respx.Router,
     sessions: async_sessionmaker[AsyncSession],
@@ -200,18 +274,45 @@ async def test_a_decision_the_database_refuses_is_dead_lettered_after_one_call(
     redis_prefix: str,
     database_url: str,
 ) -> None:
-    """A model name longer than its column (the API's answer, here a hostile proxy's): on
-    PostgreSQL the decision cannot be stored; SQLite does not enforce lengths."""
+    """The database refuses the decision's rows (here a trigger raising a data exception,
+    SQLSTATE 22023, as a value out of a column's range would): it will refuse them every
+    time, so the event is dead-lettered after one Claude call, and the audit row keeps the
+    call without the reply's texts."""
     if not database_url.startswith("postgresql"):
-        pytest.skip("SQLite does not enforce column lengths")
-    h = build(sessions=sessions, redis=redis, prefix=redis_prefix, text=PLAIN_CONFIG)
-    route = api.post("/v1/messages").mock(return_value=reply(tool_use(), model="m" * 300))
-    event = make_event()
+        pytest.skip("the refusal is a PostgreSQL trigger")
+    engine = create_async_engine(database_url)
+    async with engine.begin() as conn:
+        for statement in _REFUSE_OUTBOX_ROWS:
+            await conn.execute(text(statement))
+    try:
+        h = build(sessions=sessions, redis=redis, prefix=redis_prefix, text=PLAIN_CONFIG)
+        route = api.post("/v1/messages").mock(
+            return_value=reply(tool_use(value={"title": "refuse-me"}))
+        )
+        event = make_event()
 
-    failures = await _deliver_like_the_worker(h, event, times=6)
-    outcome = await h.rows(event.id)
+        failures = await _deliver_like_the_worker(h, event, times=6)
+        outcome = await h.rows(event.id)
+    finally:
+        async with engine.begin() as conn:
+            await conn.execute(text("DROP TRIGGER IF EXISTS refuse_outbox_rows ON outbox"))
+        await engine.dispose()
     assert route.call_count == 1, f"Claude was asked {route.call_count} times ({failures})"
     assert outcome.event.status == "dead_lettered" and not outcome.outbox
     assert "could not be stored" in (outcome.event.error or "")
     (call,) = outcome.calls
     assert call.status == "error" and call.response_text is None
+
+
+_REFUSE_OUTBOX_ROWS = [
+    """CREATE OR REPLACE FUNCTION refuse_outbox_rows() RETURNS trigger AS $$
+    BEGIN
+      IF NEW.body LIKE '%refuse-me%' THEN
+        RAISE EXCEPTION 'refused by the test' USING ERRCODE = '22023';
+      END IF;
+      RETURN NEW;
+    END $$ LANGUAGE plpgsql""",
+    "DROP TRIGGER IF EXISTS refuse_outbox_rows ON outbox",
+    """CREATE TRIGGER refuse_outbox_rows BEFORE INSERT ON outbox
+      FOR EACH ROW EXECUTE FUNCTION refuse_outbox_rows()""",
+]
