@@ -132,6 +132,9 @@ class QueueWorker:
         log.info("worker_stopped", unfinished=len(self._held))
 
     async def _read_loop(self) -> None:
+        # Started again by the supervisor after a failure: what the failed run had read but
+        # not handed on is pending with this consumer, taken again before new reads.
+        self._resync_partitions.update(self.reading)
         await self._wait_for_redis()
         while not self._stopping.is_set():
             await self._give_back_extras()

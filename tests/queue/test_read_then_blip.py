@@ -6,8 +6,10 @@ consumer), then asks for entries pending with other consumers. When the second c
 stayed pending with this consumer, which the next reads (``>``: new entries only) and the
 stale-owner claim (other consumers only) never return, so a later event of the same key was
 processed first and the lost one came back through the orphan sweep, three lease TTLs later.
-The same happens when the read's reply itself is lost with the connection. After a failed
-read the worker now takes every pending entry of its partitions again, in order, first.
+The same happens when the read's reply itself is lost with the connection, and when handing
+the read's entries on fails half way (the read loop is restarted by its supervisor). After a
+failed read, and when the read loop starts again, the worker takes every pending entry of
+its partitions again, in order, first.
 
 The worker runs on the real Redis; its queue is an ``EventQueue`` whose call fails once, as a
 dropped connection makes it fail (a subclass passed to the constructor).
@@ -64,6 +66,19 @@ class QueueLosingOneReply(EventQueue):
         return entries
 
 
+class QueueFailingOneAck(EventQueue):
+    """The ack of an entry that cannot be read (dropped as it arrives) fails once: the
+    submission of that read's entries raises half way, and the read loop is restarted."""
+
+    blipped = False
+
+    async def ack(self, entry: StreamEntry, event_id: str, *, token: str | None = None) -> bool:
+        if not event_id and not self.blipped:
+            self.blipped = True
+            raise RedisConnectionError("Connection reset by peer")
+        return await super().ack(entry, event_id, token=token)
+
+
 def _event(n: int) -> Event:
     return Event(
         id=f"evt_{n:03d}",
@@ -99,9 +114,12 @@ async def _until(condition: Callable[[], object], timeout: float) -> bool:
     return True
 
 
-@pytest.mark.parametrize("blipping", [QueueWithOneBlip, QueueLosingOneReply])
+Blipping = type[QueueWithOneBlip | QueueLosingOneReply | QueueFailingOneAck]
+
+
+@pytest.mark.parametrize("blipping", [QueueWithOneBlip, QueueLosingOneReply, QueueFailingOneAck])
 async def test_a_blip_after_a_read_does_not_let_a_later_event_of_the_key_go_first(
-    redis: Redis, redis_prefix: str, blipping: type[QueueWithOneBlip | QueueLosingOneReply]
+    redis: Redis, redis_prefix: str, blipping: Blipping
 ) -> None:
     queue = blipping(redis, prefix=redis_prefix, partitions=1)
     processed: list[str] = []
@@ -126,7 +144,13 @@ async def test_a_blip_after_a_read_does_not_let_a_later_event_of_the_key_go_firs
     running = asyncio.create_task(worker.run())
     try:
         await _until(lambda: worker.reading, timeout=10)
-        await _enqueue(queue, _event(1))  # read, then the blip
+        if blipping is QueueFailingOneAck:  # an unreadable entry just before evt_001
+            async with redis.pipeline(transaction=True) as pipe:
+                pipe.xadd(queue.stream_key(0), {"e": b"not an event"})
+                pipe.xadd(queue.stream_key(0), {"e": _event(1).to_bytes()})
+                await pipe.execute()
+        else:
+            await _enqueue(queue, _event(1))  # read, then the blip
         await _until(lambda: queue.blipped, timeout=10)
         await _enqueue(queue, _event(2))  # the same key, later
         # Both are processed well within one lease TTL when nothing is lost.
