@@ -7,9 +7,10 @@ bodies held by the process stay within ``capacity`` (``EVENTGATE_INGEST_BUFFER_B
 is reserved is what is allocated: a body that arrives in one chunk reserves that chunk's
 length; one in several is read into a ``BodyBuffer``, which reserves its whole allocation
 (headroom included), never a list of chunks nor a joined copy. Not reserved (the stated
-slack): about 60 bytes of object header per request, and the chunk the server is handing
-over while it is copied in. An allocation that does not fit ends its request with ``503
-BodyBufferFull`` + ``Retry-After``; what it had reserved is released at once for the others.
+slack): about 60 bytes of object header per request, and for an instant, with no await in
+between, the chunk being copied in and the zeros a growing buffer is extended with. An
+allocation that does not fit ends its request with ``503 BodyBufferFull`` + ``Retry-After``;
+what it had reserved is released at once for the others.
 
 One event loop per process touches the budget, so plain integers need no lock.
 """
