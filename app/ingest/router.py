@@ -25,11 +25,11 @@ from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
 from app.errors import AppError, InternalError, app_error_response, error_responses
-from app.ingest.budget import BodyBudget, Reservation
+from app.ingest.budget import BodyBudget, BodyBuffer, Reservation
 from app.ingest.exceptions import ClientDisconnected, PayloadTooLarge, RequestTimeout
 from app.ingest.schemas import BatchIngestResponse, IngestResponse
 from app.ingest.service import IngestService
-from app.sources.admission import BodyCheck
+from app.sources.admission import Body, BodyCheck
 
 router = APIRouter(tags=["ingest"])
 log = structlog.get_logger(__name__)
@@ -76,48 +76,60 @@ async def read_body(
     read_seconds: float | None,
     reservation: Reservation,
     check: BodyCheck,
-) -> bytes:
+) -> Body:
     """Read at most ``limit`` bytes within ``read_seconds`` in total, fed to ``check`` chunk
-    by chunk, each chunk's bytes reserved from the process's budget as it arrives.
+    by chunk, the memory holding them reserved from the process's budget before it is taken.
 
     Larger bodies are refused as soon as the limit is passed (or declared), never buffered
     whole; a sender trickling its body is cut off at the timeout, so it cannot hold a
     connection (and the bytes it sent so far) for longer than that. A declared
     ``Content-Length`` is only a promise: nothing is reserved or allocated for bytes that
-    have not arrived, so connections declaring bodies they never send hold nothing. The
-    chunks are kept as the server handed them; one chunk (most webhooks) is the body
-    itself, several are joined once, the copy reserved while both exist.
+    have not arrived, so connections declaring bodies they never send hold nothing. A body
+    that arrives in one chunk (most webhooks) is that chunk, reserved by its length. One in
+    several chunks is copied into a ``BodyBuffer`` as they arrive (each chunk is then
+    dropped) and returned as that ``bytearray``: copying it to ``bytes`` would hold it twice;
+    nothing writes to it once it is returned. Any body up to ``min(limit, capacity)`` fits
+    a free budget, however it is chunked.
     """
     declared = request.headers.get("content-length")
     size = int(declared) if declared is not None and declared.isdigit() else None
     if size is not None and size > limit:
         raise PayloadTooLarge(f"body is larger than {limit} bytes")
     cap = limit if size is None else size
-    chunks: list[bytes] = []
+    buffer: BodyBuffer | None = None
     received = 0
     try:
         async with asyncio.timeout(read_seconds):
-            async for chunk in request.stream():
-                if not chunk:
-                    continue
+            while True:
+                # ASGI messages, not ``request.stream()``: ``more_body`` tells a body that
+                # is complete in its first chunk, which then needs no buffer.
+                message = await request.receive()
+                if message["type"] == "http.disconnect":
+                    raise ClientDisconnect()
+                chunk: bytes = message.get("body", b"")
+                more = message.get("more_body", False)
                 received += len(chunk)
                 if received > cap:
                     raise PayloadTooLarge(f"body is larger than {limit} bytes")
-                reservation.reserve(len(chunk))
-                check.update(chunk)
-                chunks.append(chunk)
+                if buffer is None and not more:
+                    reservation.reserve(len(chunk))
+                    check.update(chunk)
+                    body: Body = chunk
+                    break
+                if chunk:
+                    if buffer is None:
+                        buffer = BodyBuffer(reservation, min(cap, reservation.budget.capacity))
+                    buffer.write(chunk)
+                    check.update(chunk)
+                if not more:
+                    body = buffer.body() if buffer is not None else b""
+                    break
     except TimeoutError:
         raise RequestTimeout(f"the body was not received within {read_seconds:g}s") from None
     except ClientDisconnect:
         raise ClientDisconnected(f"the sender hung up after {received} bytes") from None
     if size is not None and received != size:  # ended early only on a disconnect
         raise ClientDisconnected(f"the sender hung up after {received} bytes")
-    if len(chunks) == 1:
-        return chunks[0]
-    reservation.reserve(received)  # the joined copy, while the chunks still exist
-    body = b"".join(chunks)
-    chunks.clear()
-    reservation.release(received)
     return body
 
 
