@@ -22,6 +22,8 @@ from app.declared_keys import Unfilterable, declared_only
 from app.llm.client import ClaudeReply, ClaudeRequest
 
 _MAX_ERRORS = 3
+# Deepest tool input checked (JSON schema validation and the key filter recurse per level).
+MAX_INPUT_DEPTH = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +86,10 @@ def check_tool_uses(
             over_limit[str(use.get("id"))] = name
             continue
         validator = validators[name]
+        if _nested_deeper_than(use.get("input"), MAX_INPUT_DEPTH):
+            # Validation and the key filter recurse: refused before they could overflow.
+            invalid[str(use.get("id"))] = f"{name}: input nested deeper than {MAX_INPUT_DEPTH}"
+            continue
         try:
             errors = list(validator.iter_errors(use.get("input")))[:_MAX_ERRORS]
             if errors:
@@ -114,6 +120,19 @@ def shown(text: str, limit: int = 64) -> str:
     characters escaped, cut to ``limit`` characters."""
     escaped = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in text[:limit])
     return escaped if len(text) <= limit else escaped + "..."
+
+
+def _nested_deeper_than(value: Any, limit: int) -> bool:
+    """True when ``value`` nests objects or arrays more than ``limit`` levels deep."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth >= limit:
+                return True
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+    return False
 
 
 def repair_request(request: ClaudeRequest, reply: ClaudeReply, check: ToolCheck) -> ClaudeRequest:

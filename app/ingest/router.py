@@ -89,8 +89,11 @@ async def read_body(
     several chunks is copied into a ``BodyBuffer`` as they arrive (each chunk is then
     dropped) and returned as that ``bytearray``: copying it to ``bytes`` would hold it twice;
     nothing writes to it once it is returned. Any body up to ``min(limit, capacity)`` fits
-    a free budget, however it is chunked.
+    a free budget, however it is chunked; a larger one is ``PayloadTooLarge``.
     """
+    # A body the whole budget cannot hold is too large, not "retry later": a 503 with
+    # Retry-After would have its sender retry it for ever.
+    limit = min(limit, reservation.budget.capacity)
     declared = request.headers.get("content-length")
     size = int(declared) if declared is not None and declared.isdigit() else None
     if size is not None and size > limit:
@@ -118,7 +121,7 @@ async def read_body(
                     break
                 if chunk:
                     if buffer is None:
-                        buffer = BodyBuffer(reservation, min(cap, reservation.budget.capacity))
+                        buffer = BodyBuffer(reservation, cap)
                     buffer.write(chunk)
                     check.update(chunk)
                 if not more:

@@ -131,7 +131,7 @@ class ClaudeClient:
             )
             # The JSON as sent, not the SDK's models: the reply is kept as plain dicts anyway,
             # and building and dumping the models cost more CPU than the rest of the call.
-            message = orjson.loads(await raw.read())
+            body = await raw.read()
         except anthropic.APIStatusError as exc:
             status = exc.status_code
             raise ClaudeError(
@@ -157,6 +157,10 @@ class ClaudeClient:
                 retryable=True,
                 latency_ms=_ms(started),
             ) from exc
+        try:
+            message = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            message = None  # a proxy's error page, an empty or cut-off body
         content = message.get("content") if isinstance(message, dict) else None
         if not isinstance(content, list) or not all(isinstance(b, dict) for b in content):
             # A proxy's error page or a broken reply: nothing was decided; tried again.

@@ -29,7 +29,7 @@ from starlette.types import Message
 
 from app.config import parse_config
 from app.ingest.budget import BodyBudget
-from app.ingest.exceptions import BodyBufferFull
+from app.ingest.exceptions import BodyBufferFull, PayloadTooLarge
 from app.ingest.router import read_body
 from app.main import create_app
 from app.settings import Settings
@@ -106,12 +106,13 @@ class HeldBetweenChunks:
 
 
 def _read_tiny_chunks(
-    count: int, *, capacity: int, limit: int
-) -> tuple[Body | BodyBufferFull, HeldBetweenChunks]:
+    count: int, *, capacity: int, limit: int, occupied: int = 0
+) -> tuple[Body | BodyBufferFull | PayloadTooLarge, HeldBetweenChunks]:
     """``read_body`` over ``count`` 2-byte chunks (distinct objects, as a server makes them)
-    without a Content-Length: the body it returned or the refusal, and what it held."""
+    without a Content-Length, ``occupied`` bytes of the budget held by other requests: the
+    body it returned or the refusal, and what it held."""
 
-    async def run() -> tuple[Body | BodyBufferFull, HeldBetweenChunks]:
+    async def run() -> tuple[Body | BodyBufferFull | PayloadTooLarge, HeldBetweenChunks]:
         pieces = (n.to_bytes(2, "big") for n in range(count))
 
         async def receive() -> Message:
@@ -122,13 +123,14 @@ def _read_tiny_chunks(
 
         request = Request({"type": "http", "method": "POST", "headers": []}, receive)
         budget = BodyBudget(capacity)
+        budget.hold().reserve(occupied)  # the other requests'
         with budget.hold() as reservation:
             check = HeldBetweenChunks(budget)
             try:
                 body = await read_body(
                     request, limit, read_seconds=None, reservation=reservation, check=check
                 )
-            except BodyBufferFull as exc:
+            except (BodyBufferFull, PayloadTooLarge) as exc:
                 return exc, check
             return body, check
 
@@ -153,10 +155,20 @@ def test_tiny_chunks_hold_no_more_than_they_reserve() -> None:
 
 
 def test_tiny_chunks_past_the_budget_are_refused_once_their_memory_reaches_it() -> None:
-    """128 KiB as 2-byte chunks against a 64 KiB budget: refused with BodyBufferFull once the
-    buffer's memory, not a count of bytes, would pass the budget; never held beyond it (the
-    list of chunks held ~1.4 MiB by the time 64 KiB were counted)."""
-    refused, held = _read_tiny_chunks(64 * KiB, capacity=CAPACITY, limit=MiB)
+    """48 KiB as 2-byte chunks while other requests hold 32 KiB of a 64 KiB budget: refused
+    with BodyBufferFull (it fits once they are done) once the buffer's memory, not a count of
+    bytes, would pass what is left; never held beyond it (the list of chunks held ~1.4 MiB by
+    the time 64 KiB were counted)."""
+    refused, held = _read_tiny_chunks(24 * KiB, capacity=CAPACITY, limit=MiB, occupied=32 * KiB)
     assert isinstance(refused, BodyBufferFull)
     assert held.unreserved <= SLACK, f"{held.unreserved} bytes held beyond the reservation"
+    assert held.in_use <= CAPACITY
+
+
+def test_a_body_larger_than_the_whole_budget_is_too_large_not_retry_later() -> None:
+    """A source may allow bodies larger than the process's whole budget: such a body can
+    never fit, so it is 413 PayloadTooLarge, not 503 BodyBufferFull with a Retry-After that
+    has its sender retry for ever."""
+    refused, held = _read_tiny_chunks(64 * KiB, capacity=CAPACITY, limit=MiB)
+    assert isinstance(refused, PayloadTooLarge)
     assert held.in_use <= CAPACITY

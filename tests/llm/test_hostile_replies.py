@@ -33,7 +33,7 @@ from redis.asyncio import Redis
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
 
-from app.decide.tools import check_tool_uses
+from app.decide.tools import ToolCheck, check_tool_uses
 from app.llm.client import ClaudeReply
 from app.publish.ids import resolve_group_id
 from tests.llm.harness import BASE, build, make_event, reply, tool_use
@@ -250,21 +250,26 @@ async def test_a_malformed_reply_is_retried_not_stored(
     redis_prefix: str,
 ) -> None:
     """A 200 whose body is not a message (a JSON list, content that is not a list of
-    blocks): an error the attempt records, not a crash of the decide stage."""
+    blocks, a proxy's HTML page, nothing, cut-off JSON): an error the attempt records and
+    retries, not a crash of the decide stage that leaves the audit row unfinished."""
     h = build(sessions=sessions, redis=redis, prefix=redis_prefix, text=PLAIN_CONFIG)
     route = api.post("/v1/messages")
+    json_type = {"content-type": "application/json"}
     route.side_effect = [
         httpx.Response(200, json=[{"type": "message"}]),
         httpx.Response(200, json={"type": "message", "content": "text", "model": "m"}),
+        httpx.Response(200, content=b"<html>502 Bad Gateway</html>", headers=json_type),
+        httpx.Response(200, content=b"", headers=json_type),
+        httpx.Response(200, content=b'{"content": [1', headers=json_type),
         reply(tool_use(value={"title": "disk full"})),
     ]
     event = make_event()
 
-    await _deliver_like_the_worker(h, event, times=6)
+    failures = await _deliver_like_the_worker(h, event, times=8)
     outcome = await h.rows(event.id)
-    assert route.call_count == 3
+    assert failures == [] and route.call_count == 6
     assert len(outcome.outbox) == 1
-    assert [c.error_type for c in outcome.calls] == ["MalformedReply", "MalformedReply", None]
+    assert [c.error_type for c in outcome.calls] == ["MalformedReply"] * 5 + [None]
 
 
 async def test_a_decision_the_database_refuses_is_dead_lettered_after_one_call(
@@ -316,3 +321,39 @@ _REFUSE_OUTBOX_ROWS = [
     """CREATE TRIGGER refuse_outbox_rows BEFORE INSERT ON outbox
       FOR EACH ROW EXECUTE FUNCTION refuse_outbox_rows()""",
 ]
+
+
+RECURSIVE = {
+    "type": "object",
+    "properties": {"title": {"type": "string"}, "child": {"$ref": "#"}},
+    "additionalProperties": False,
+}
+
+
+def test_a_deeply_nested_tool_input_is_invalid_not_a_crash() -> None:
+    """A reply (steered by a hostile payload) nests a tool input 300 deep under a recursive
+    schema: validation raised RecursionError out of the decide stage, so every delivery paid
+    for another Claude call until the event was dead-lettered. It is an invalid input now."""
+    value: dict[str, Any] = {"title": "x"}
+    for _ in range(300):
+        value = {"title": "x", "child": value}
+    check = _check_reply(value, schema=RECURSIVE)
+    assert not check.accepted and list(check.invalid.values()) == [
+        "notify: input nested deeper than 64"
+    ]
+    shallow: dict[str, Any] = {"title": "x"}
+    for _ in range(60):
+        shallow = {"title": "x", "child": shallow}
+    assert len(_check_reply(shallow, schema=RECURSIVE).accepted) == 1
+
+
+def _check_reply(value: Any, *, schema: dict[str, Any]) -> ToolCheck:
+    answer = ClaudeReply(
+        model="claude-sonnet-4-6",
+        request_id=None,
+        stop_reason="tool_use",
+        content=[{"type": "tool_use", "id": "toolu_1", "name": "notify", "input": value}],
+        latency_ms=1.0,
+    )
+    validators = {"notify": Draft202012Validator(schema)}
+    return check_tool_uses(answer, offered=["notify"], validators=validators, max_calls=5)
