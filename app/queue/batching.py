@@ -124,7 +124,8 @@ class EnqueueBatcher:
             ]
             if not_queued:
                 await self.queue.replays.settle(not_queued)  # rare
-        alone = [follower for follower, leader in followers if not _follow(follower, leader)]
+            # Here, so that a failed or cancelled round still answers every follower.
+            alone = [follower for follower, leader in followers if not _follow(follower, leader)]
         if alone:
             await self._flush(alone)
 

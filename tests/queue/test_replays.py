@@ -180,3 +180,24 @@ async def test_a_claim_taken_over_keeps_naming_the_queued_event(
     queue.replays = ReplayClaims(redis, prefix=queue.prefix)
     assert await enqueuer.enqueue(_entry("evt_3", "octocat")) == EnqueueResult("evt_1", False)
     assert (await queue.backlog())[0] == 1
+
+
+class StalledBatcher(EnqueueBatcher):
+    """Its partitions' round trip never comes back (the flusher is cancelled meanwhile)."""
+
+    async def _send(self, groups: list[Any]) -> list[Any]:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+async def test_a_cancelled_round_still_answers_identical_requests(queue: EventQueue) -> None:
+    """Two identical requests in one batch, the round cancelled (the process stopping): the
+    follower was answered only after the round, so its caller waited for ever."""
+    batcher = StalledBatcher(queue)
+    leader = asyncio.create_task(batcher.enqueue(_entry("evt_1", "acme/api")))
+    follower = asyncio.create_task(batcher.enqueue(_entry("evt_2", "acme/api")))
+    await asyncio.sleep(0.2)  # claimed, then stalled in the partitions' round trip
+    assert batcher._flusher is not None
+    batcher._flusher.cancel()
+    done, _ = await asyncio.wait([leader, follower], timeout=2)
+    assert done == {leader, follower}, "a caller is still waiting"
