@@ -30,7 +30,7 @@ from asyncio import TimerHandle
 from typing import Any, ClassVar, cast
 
 import orjson
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from app.errors import AppError, app_error_response, error_body
 from app.ingest.rejections import RejectionLog
@@ -40,6 +40,7 @@ from app.settings import Settings
 # (a close with unread bytes is a reset, which can overtake the answer).
 CLOSE_AFTER_SECONDS = 1.0
 SERVER = "(server)"
+_CLOSE = (b"connection", b"close")
 
 
 class TooManyConnections(AppError):
@@ -83,6 +84,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._begun = False  # a request line has started (not just blank lines)
         self._refused = False
         self._head_timer: TimerHandle | None = None
+        self._closing: RequestResponseCycle | None = None  # said Connection: close
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
@@ -122,6 +124,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         # uvicorn runs ``self.app`` for the request whose head just completed.
         self.app = self._too_many_connections if busy else self.config.loaded_app
         super().on_headers_complete()
+        self._close_if_answered_early(self.cycle)
 
     def on_chunk_header(self) -> None:
         # Each chunk's size line (and, after the last one, the trailers) counts afresh.
@@ -135,13 +138,33 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._head_done = self._begun = False
         super().on_message_complete()
 
+    def _close_if_answered_early(self, cycle: RequestResponseCycle) -> None:
+        """An answer that starts before the request's body has all arrived says
+        ``Connection: close``. uvicorn would close at once on that header, with the body's
+        bytes unread, a reset that can overtake the answer: ``on_response_complete`` closes
+        a second later instead."""
+        send = cycle.send
+
+        async def send_closing(message: Any) -> None:
+            if message["type"] != "http.response.start" or not cycle.more_body:
+                await send(message)
+                return
+            headers = [*message.get("headers", ()), _CLOSE]
+            await send(cast(Any, {**message, "headers": headers}))
+            cycle.keep_alive = True  # uvicorn's immediate close off: ours comes later
+            self._closing = cycle
+
+        cycle.send = send_closing  # type: ignore[method-assign]
+
     def on_response_complete(self) -> None:
         super().on_response_complete()
         cycle = self.cycle
         # ``self.cycle`` is a later pipelined request's while that one waits (its response
-        # has not started); the answered request's body is still arriving when it is this
-        # cycle and the parser has not seen the message end.
-        if cycle is None or not cycle.response_complete or not cycle.more_body:
+        # has not started); the answered request said it would close, or its body is still
+        # arriving: it is this cycle and the parser has not seen the message end.
+        if cycle is None or not cycle.response_complete:
+            return
+        if not (cycle.more_body or cycle is self._closing):
             return
         if self.transport.is_closing():
             return

@@ -1,7 +1,8 @@
 """A request answered before its body has arrived (unknown source, bad credentials, a body
 timeout) ends its connection: the rest of the body would be read for nothing, and a sender
 trickling it would otherwise hold the connection, and a slot of the connection limit, for as
-long as it kept sending (uvicorn cancels its keep-alive timer on every byte)."""
+long as it kept sending (uvicorn cancels its keep-alive timer on every byte). The answer says
+``Connection: close``, so a client does not send its next request on it."""
 
 from __future__ import annotations
 
@@ -69,8 +70,9 @@ def test_a_body_still_trickling_after_the_answer_does_not_hold_the_connection(
     with socket.create_connection(("127.0.0.1", gateway.port)) as sock:
         head = {"Content-Type": "application/json", "Content-Length": "100000", **headers}
         sock.sendall(_head(path, head) + b'{"a": ')
-        answered, _, _ = _response(sock, timeout=5)
+        answered, said, _ = _response(sock, timeout=5)
         assert answered == status
+        assert said.get("connection") == "close"  # a client must not reuse it
         closed_after = _trickle_until_closed(sock, seconds=8)
     assert closed_after is not None, "the connection stayed open while bytes kept coming"
     assert closed_after < 4
@@ -91,8 +93,19 @@ def test_a_body_timeout_ends_the_connection(gateway: GatewayProcess) -> None:
             with contextlib.suppress(OSError):
                 sock.sendall(b" ")
             time.sleep(0.1)
-        answered, _, error = _response(sock, timeout=5)
+        answered, said, error = _response(sock, timeout=5)
         assert (answered, error["error"]) == (408, "RequestTimeout")
+        assert said.get("connection") == "close"
         closed_after = _trickle_until_closed(sock, seconds=8)
     assert closed_after is not None, "the connection stayed open while bytes kept coming"
     assert closed_after < 4
+
+
+def test_an_answer_after_the_whole_body_keeps_the_connection(gateway: GatewayProcess) -> None:
+    """A request whose body had all arrived keeps its keep-alive connection: a second
+    request on it is answered."""
+    with socket.create_connection(("127.0.0.1", gateway.port)) as sock:
+        for _ in range(2):
+            sock.sendall(_head("/v1/webhooks/nowhere", {"Content-Length": "2"}) + b"{}")
+            answered, said, _ = _response(sock, timeout=5)
+            assert answered == 404 and said.get("connection") != "close"
