@@ -149,7 +149,9 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             if message["type"] != "http.response.start" or not cycle.more_body:
                 await send(message)
                 return
-            headers = [*message.get("headers", ()), _CLOSE]
+            headers = list(message.get("headers", ()))
+            if not any(name.lower() == b"connection" for name, _ in headers):
+                headers.append(_CLOSE)
             await send(cast(Any, {**message, "headers": headers}))
             cycle.keep_alive = True  # uvicorn's immediate close off: ours comes later
             self._closing = cycle
