@@ -62,8 +62,10 @@ class RelayLease:
     async def covering(self) -> AsyncIterator[None]:
         """The block runs only while this relay counts on the lease; ``LeaseLost`` otherwise.
 
-        The lease is renewed on entry, so whatever came before (waiting for a batch slot)
-        does not count, then every third of the ttl while the block runs, and each renewal
+        Less than half a ttl left of what this holder counts on, the lease is renewed on
+        entry, so whatever came before (waiting for a batch slot) does not count; more, the
+        first renewal (a third of the ttl in) comes in time anyway, and the block starts
+        without a round trip. Then it is renewed every third of the ttl, and each renewal
         moves the block's deadline on. Renewals only extend, never take the lease again: a
         lease that lapsed is a gap in which another relay may have published. The block is
         cancelled (``LeaseLost``) as soon as a renewal finds the lease another relay's or
@@ -71,12 +73,13 @@ class RelayLease:
         this process stalled). The renewing task never outlives the block; if it fails, the
         block is cancelled and its exception raised from here.
         """
-        try:
-            extended = await self._extend()
-        except (RedisError, OSError):
-            extended = False  # nothing is sent on a lease not confirmed
-        if not extended:
-            raise LeaseLost("the relay lease is not this relay's any more")
+        if self.valid_until - asyncio.get_running_loop().time() <= self.ttl_ms / 2000:
+            try:
+                extended = await self._extend()
+            except (RedisError, OSError):
+                extended = False  # nothing is sent on a lease not confirmed
+            if not extended:
+                raise LeaseLost("the relay lease is not this relay's any more")
         deadline = asyncio.timeout_at(self.valid_until)
         try:
             async with deadline:
