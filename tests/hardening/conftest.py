@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from eventgate_dev.fake_anthropic import FakeAnthropicServer
+from tests.hardening.raw_http import CONFIG as RAW_HTTP_CONFIG
 from tests.support import GatewayProcess, SnsFixture, gateway_config, gateway_env
 
 # Distinctive secrets: a test greps every log line, audit row and error body for them.
@@ -72,3 +73,31 @@ def start_gateway(
         leaked = [s for s in SECRETS if s in text]
         assert not leaked, f"{process.log_path.name} leaks {leaked}"
     assert not hung, f"did not stop within 40 s of SIGTERM: {hung}"
+
+
+@pytest.fixture
+def start_api(tmp_path: Path, redis_prefix: str) -> Iterator[Callable[..., GatewayProcess]]:
+    """``start_api(**env)``: an ``api`` process on the raw-HTTP config, in-memory Redis and
+    SQLite, ready; stopped at the end."""
+    config = tmp_path / "eventgate.yaml"
+    config.write_text(RAW_HTTP_CONFIG)
+    running: list[GatewayProcess] = []
+
+    def launch(**env: str) -> GatewayProcess:
+        process = GatewayProcess(
+            role="api",
+            log_path=tmp_path / f"gateway-{len(running)}.log",
+            env={
+                "EVENTGATE_CONFIG": str(config),
+                "EVENTGATE_REDIS_URL": "memory://",
+                "EVENTGATE_REDIS_PREFIX": redis_prefix,
+                "EVENTGATE_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 'eventgate.db'}",
+                **env,
+            },
+        )
+        running.append(process)
+        return process.wait_ready(path="/healthz")
+
+    yield launch
+    for process in running:
+        process.stop()

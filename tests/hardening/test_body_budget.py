@@ -34,7 +34,7 @@ from app.ingest.router import read_body
 from app.main import create_app
 from app.settings import Settings
 from app.sources.admission import Body
-from tests.hardening.test_memory_before_auth import CONFIG, GITHUB_SECRET
+from tests.hardening.raw_http import CONFIG, GITHUB_SECRET
 from tests.support import ServerThread, github_request, issue_payload
 
 KiB = 1024

@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import orjson
 import pytest
 
 from app.config import parse_config
@@ -36,6 +35,7 @@ from app.ingest.budget import BodyBudget
 from app.ingest.exceptions import BodyBufferFull
 from app.main import create_app
 from app.settings import Settings
+from tests.hardening.raw_http import CONFIG, GITHUB_SECRET, head, response
 from tests.support import GatewayProcess, ServerThread, github_request, issue_payload
 
 MiB = 1024 * 1024
@@ -43,50 +43,6 @@ BUDGET = 16 * MiB
 BODY = 5 * MiB
 SENDERS = 40
 CHUNK = 64 * 1024
-GITHUB_SECRET = "memory-github-secret"
-TOKEN = "memory-alerts-token-0123456789"
-HMAC_SECRET = "memory-hmac-secret-0123"
-CONFIG = f"""
-sources:
-  github: {{type: github, secret: {GITHUB_SECRET}, pipeline: p}}
-  alerts: {{type: alertmanager, token: {TOKEN}, pipeline: p, max_body_bytes: 52428800}}
-  partner:
-    type: hmac
-    secret: {HMAC_SECRET}
-    signature: {{timestamp_header: X-Ts}}
-    max_body_bytes: 52428800
-    pipeline: p
-pipelines:
-  p: {{model: claude-sonnet-4-6, system: s, tools: [t]}}
-tools:
-  t: {{description: d, input_schema: {{type: object}}}}
-"""
-
-
-@pytest.fixture
-def start(tmp_path: Path, redis_prefix: str) -> Iterator[Callable[..., GatewayProcess]]:
-    config = tmp_path / "eventgate.yaml"
-    config.write_text(CONFIG)
-    running: list[GatewayProcess] = []
-
-    def launch(**env: str) -> GatewayProcess:
-        process = GatewayProcess(
-            role="api",
-            log_path=tmp_path / f"gateway-{len(running)}.log",
-            env={
-                "EVENTGATE_CONFIG": str(config),
-                "EVENTGATE_REDIS_URL": "memory://",
-                "EVENTGATE_REDIS_PREFIX": redis_prefix,
-                "EVENTGATE_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 'eventgate.db'}",
-                **env,
-            },
-        )
-        running.append(process)
-        return process.wait_ready(path="/healthz")
-
-    yield launch
-    for process in running:
-        process.stop()
 
 
 def _status(pid: int) -> dict[str, int]:
@@ -96,33 +52,6 @@ def _status(pid: int) -> dict[str, int]:
         if name in ("VmHWM", "VmRSS"):
             fields[name] = int(value.split()[0]) * 1024
     return fields
-
-
-def _head(path: str, headers: dict[str, str]) -> bytes:
-    lines = [f"POST {path} HTTP/1.1", "Host: 127.0.0.1", *(f"{k}: {v}" for k, v in headers.items())]
-    return ("\r\n".join(lines) + "\r\n\r\n").encode()
-
-
-def _response(sock: socket.socket, timeout: float = 30) -> tuple[int, dict[str, str], Any]:
-    sock.settimeout(timeout)
-    data = b""
-    try:
-        while b"\r\n\r\n" not in data or not data.rstrip().endswith(b"}"):
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            data += chunk
-    except OSError:
-        pass
-    head, _, body = data.partition(b"\r\n\r\n")
-    if not head:
-        return 0, {}, None
-    status = int(head.split()[1])
-    headers = {}
-    for line in head.split(b"\r\n")[1:]:
-        name, _, value = line.decode().partition(":")
-        headers[name.strip().lower()] = value.strip()
-    return status, headers, orjson.loads(body[body.find(b"{") :]) if b"{" in body else None
 
 
 class Sender(threading.Thread):
@@ -143,7 +72,7 @@ class Sender(threading.Thread):
                 self.gate.wait(timeout=60)
             if not answered:
                 self._send(sock, 1)
-            self.result = _response(sock)
+            self.result = response(sock)
 
     def _send(self, sock: socket.socket, count: int) -> bool:
         """True once the server answered (it stops reading what is left)."""
@@ -163,8 +92,8 @@ class Sender(threading.Thread):
         return False
 
 
-def test_unverified_bodies_stay_within_the_budget(start: Callable[..., GatewayProcess]) -> None:
-    gateway = start(EVENTGATE_INGEST_BUFFER_BYTES=str(BUDGET))
+def test_unverified_bodies_stay_within_the_budget(start_api: Callable[..., GatewayProcess]) -> None:
+    gateway = start_api(EVENTGATE_INGEST_BUFFER_BYTES=str(BUDGET))
     body, headers = github_request(GITHUB_SECRET, issue_payload("acme/api", 1))
     assert httpx.post(f"{gateway.url}/v1/webhooks/github", content=body, headers=headers).is_success
     before = _status(gateway.proc.pid)["VmHWM"]
@@ -177,7 +106,7 @@ def test_unverified_bodies_stay_within_the_budget(start: Callable[..., GatewayPr
         "Content-Length": str(BODY),
     }
     gate = threading.Barrier(SENDERS)
-    senders = [Sender(gateway.port, _head("/v1/webhooks/github", wrong), BODY, gate)
+    senders = [Sender(gateway.port, head("/v1/webhooks/github", wrong), BODY, gate)
                for _ in range(SENDERS)]  # fmt: skip
     for sender in senders:
         sender.start()
@@ -205,16 +134,16 @@ def test_unverified_bodies_stay_within_the_budget(start: Callable[..., GatewayPr
 
 def _refused_before_the_body(port: int, path: str, headers: dict[str, str]) -> tuple[int, int]:
     """(status, bytes of a 50 MiB body sent before the answer came)."""
-    sender = Sender(port, _head(path, headers | {"Content-Length": str(50 * MiB)}), 50 * MiB,
+    sender = Sender(port, head(path, headers | {"Content-Length": str(50 * MiB)}), 50 * MiB,
                     threading.Barrier(1))  # fmt: skip
     sender.run()
     return sender.result[0], sender.sent
 
 
 def test_credentials_checked_from_the_headers_never_buffer_the_body(
-    start: Callable[..., GatewayProcess],
+    start_api: Callable[..., GatewayProcess],
 ) -> None:
-    gateway = start()
+    gateway = start_api()
     json_type = {"Content-Type": "application/json"}
     cases = {
         "wrong bearer token": ("/v1/webhooks/alerts", json_type | {"Authorization": "Bearer no"}),
@@ -239,9 +168,9 @@ def test_credentials_checked_from_the_headers_never_buffer_the_body(
 
 
 def test_a_50_mib_request_head_is_refused_without_being_held(
-    start: Callable[..., GatewayProcess],
+    start_api: Callable[..., GatewayProcess],
 ) -> None:
-    gateway = start(EVENTGATE_MAX_HEADER_BYTES=str(64 * 1024))
+    gateway = start_api(EVENTGATE_MAX_HEADER_BYTES=str(64 * 1024))
     before = _status(gateway.proc.pid)["VmHWM"]
     sent = 0
     with socket.create_connection(("127.0.0.1", gateway.port)) as sock:
@@ -256,7 +185,7 @@ def test_a_50_mib_request_head_is_refused_without_being_held(
                     sent += sock.send(chunk)
                 except OSError:
                     break
-        status, _, error = _response(sock)
+        status, _, error = response(sock)
         # Then the connection is closed (reset, if unread bytes were left).
         with contextlib.suppress(ConnectionResetError):
             assert sock.recv(65536) == b""
@@ -271,8 +200,8 @@ def test_a_50_mib_request_head_is_refused_without_being_held(
     assert httpx.post(f"{gateway.url}/v1/webhooks/github", content=body, headers=good).is_success
 
 
-def test_connection_limit_and_keep_alive_timeout(start: Callable[..., GatewayProcess]) -> None:
-    gateway = start(EVENTGATE_LIMIT_CONCURRENCY="4", EVENTGATE_KEEP_ALIVE_SECONDS="1")
+def test_connection_limit_and_keep_alive_timeout(start_api: Callable[..., GatewayProcess]) -> None:
+    gateway = start_api(EVENTGATE_LIMIT_CONCURRENCY="4", EVENTGATE_KEEP_ALIVE_SECONDS="1")
     idle = [socket.create_connection(("127.0.0.1", gateway.port)) for _ in range(4)]
     try:
         time.sleep(0.2)
@@ -288,7 +217,7 @@ def test_connection_limit_and_keep_alive_timeout(start: Callable[..., GatewayPro
     time.sleep(0.2)
     with socket.create_connection(("127.0.0.1", gateway.port)) as sock:
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-        status, _, _ = _response(sock)
+        status, _, _ = response(sock)
         assert status == 200
         sock.settimeout(5)
         started = time.monotonic()
@@ -360,20 +289,20 @@ def test_the_documented_defaults() -> None:
     assert defaults.allow_dev_secrets is False
 
 
-def test_a_chunked_trailer_is_bounded_like_a_head(start: Callable[..., GatewayProcess]) -> None:
+def test_a_chunked_trailer_is_bounded_like_a_head(start_api: Callable[..., GatewayProcess]) -> None:
     """Trailers come after the body and were parsed without a limit (httptools grows a header
     value with ``bytes +=``), here while the gateway waits for the body's end to verify it."""
-    gateway = start(EVENTGATE_MAX_HEADER_BYTES=str(64 * 1024))
+    gateway = start_api(EVENTGATE_MAX_HEADER_BYTES=str(64 * 1024))
     before = _status(gateway.proc.pid)["VmRSS"]
     sent = 0
-    head = {
+    fields = {
         "Transfer-Encoding": "chunked",
         "X-GitHub-Event": "issues",
         "X-GitHub-Delivery": "trailer-1",
         "X-Hub-Signature-256": "sha256=" + "0" * 64,
     }
     with socket.create_connection(("127.0.0.1", gateway.port)) as sock:
-        sock.sendall(_head("/v1/webhooks/github", head))
+        sock.sendall(head("/v1/webhooks/github", fields))
         sock.sendall(b"1\r\na\r\n" * 1000 + b"0\r\nX-Pad: ")
         with contextlib.suppress(OSError):  # the gateway cuts the trailer off
             while sent < 64 * MiB:
@@ -387,11 +316,11 @@ def test_a_chunked_trailer_is_bounded_like_a_head(start: Callable[..., GatewayPr
 
 
 def test_declared_lengths_without_bodies_hold_no_budget(
-    start: Callable[..., GatewayProcess],
+    start_api: Callable[..., GatewayProcess],
 ) -> None:
     """A declared Content-Length was reserved whole once the headers passed: four idle
     connections declaring 16 MiB between them locked every real webhook out."""
-    gateway = start(EVENTGATE_INGEST_BUFFER_BYTES=str(BUDGET))
+    gateway = start_api(EVENTGATE_INGEST_BUFFER_BYTES=str(BUDGET))
     shaped = {
         "Content-Type": "application/json",
         "X-GitHub-Event": "issues",
@@ -401,7 +330,7 @@ def test_declared_lengths_without_bodies_hold_no_budget(
     try:
         for length in (5 * MiB, 5 * MiB, 5 * MiB, BUDGET - 15 * MiB):
             sock = socket.create_connection(("127.0.0.1", gateway.port))
-            sock.sendall(_head("/v1/webhooks/github", {**shaped, "Content-Length": str(length)}))
+            sock.sendall(head("/v1/webhooks/github", {**shaped, "Content-Length": str(length)}))
             squatters.append(sock)  # ... and never a body byte
         time.sleep(0.5)
         body, headers = github_request(GITHUB_SECRET, issue_payload("acme/api", 1))
@@ -412,10 +341,10 @@ def test_declared_lengths_without_bodies_hold_no_budget(
     assert reply.status_code == 202, reply.text
 
 
-def test_connections_that_send_no_head_are_closed(start: Callable[..., GatewayProcess]) -> None:
+def test_connections_that_send_no_head_are_closed(start_api: Callable[..., GatewayProcess]) -> None:
     """uvicorn times a connection out only after a response: sockets that never sent a byte,
     trickled a head, or sent only blank lines held the connection limit for ever."""
-    gateway = start(
+    gateway = start_api(
         EVENTGATE_LIMIT_CONCURRENCY="6",
         EVENTGATE_KEEP_ALIVE_SECONDS="1",
         EVENTGATE_HEAD_TIMEOUT_SECONDS="2",
@@ -442,7 +371,7 @@ def test_connections_that_send_no_head_are_closed(start: Callable[..., GatewayPr
             # arriving when it closed.
             with contextlib.suppress(ConnectionResetError):
                 assert sock.recv(1) == b""
-        status, _, error = _response(trickling[0], timeout=1)
+        status, _, error = response(trickling[0], timeout=1)
         assert (status, error["error"]) == (408, "RequestHeadTimeout")
         refused = [e for e in gateway.log_events() if e["event"] == "request_refused"]
         assert [e["error"] for e in refused] == ["RequestHeadTimeout"]  # one line per 10 s
@@ -461,11 +390,11 @@ def test_connections_that_send_no_head_are_closed(start: Callable[..., GatewayPr
     ids=["cl-and-te", "two-cl", "signed-cl"],
 )
 def test_a_request_the_parser_refuses_gets_a_json_400(
-    start: Callable[..., GatewayProcess], framing: str
+    start_api: Callable[..., GatewayProcess], framing: str
 ) -> None:
-    gateway = start()
+    gateway = start_api()
     with socket.create_connection(("127.0.0.1", gateway.port)) as sock:
         sock.sendall(b"POST /v1/webhooks/github HTTP/1.1\r\nHost: x\r\n" + framing.encode())
-        status, headers, error = _response(sock)
+        status, headers, error = response(sock)
     assert status == 400 and headers["content-type"] == "application/json"
     assert error["error"] == "InvalidHTTPRequest"
