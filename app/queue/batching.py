@@ -1,15 +1,14 @@
 """Group commit for ingest: the dedup + enqueue of concurrent requests in one round trip.
 
 Each request calls ``enqueue`` and awaits its own ``EnqueueResult``. Whatever arrived while
-the previous round trip was in flight (or in the same event-loop turn) goes out together: one
-Lua call per partition touched, all sent in one pipeline. The Lua script keeps the
-single-event guarantees per event — dedup check, XADD, dedup keys and queued marker in one
-atomic step (it is ``streams.ENQUEUE``, the script ``EventQueue.enqueue`` runs for one
-event) — and one call only touches keys of one partition (one hash tag), so it stays Redis
-Cluster safe.
-
-An event with a second identity (a signed request's digest) first claims it across
-partitions (``app/queue/replays.py``), all of a batch's claims in one more round trip.
+the previous round trip was in flight (or in the same event-loop turn) goes out together. The
+Lua script keeps the single-event guarantees per event — dedup check (replay claim
+included), XADD, dedup keys and queued marker in one atomic step (it is ``streams.ENQUEUE``,
+the script ``EventQueue.enqueue`` runs for one event). On one Redis the whole batch is one
+call of it. In a Redis Cluster (``EventQueue.cluster``) a call may only touch keys of one
+partition (one hash tag): one call per partition touched, all sent in one pipeline, and an
+event with a second identity (a signed request's digest) first claims it across partitions
+(``app/queue/replays.py``), all of a batch's claims in one more round trip.
 
 Invariants:
 - At most one batch is in flight, and a batch holds events in call order, so events of one
@@ -42,7 +41,7 @@ class EventEnqueuer(Protocol):
 @dataclass(slots=True)
 class _Pending:
     partition: int
-    keys: tuple[str, str, str, str]
+    keys: tuple[str, str, str, str, str]
     args: tuple[str, int, bytes]
     claim: Claim | None
     future: asyncio.Future[EnqueueResult] = field(repr=False)
@@ -85,11 +84,11 @@ class EnqueueBatcher:
             await self._flush(batch)
 
     async def _flush(self, batch: list[_Pending]) -> None:
-        """Replay claims first (``replays.py``: one round trip, only when some events have a
-        second identity), then the partitions' scripts. An event whose claim an earlier
-        event of the same batch takes is that event's duplicate — unless that event was
-        refused for its delivery id alone (a copy relabelled with an old one): then it goes
-        on its own, in one more round."""
+        """In a cluster, replay claims first (``replays.py``: one round trip, only when some
+        events have a second identity), then the partitions' scripts. An event whose claim
+        an earlier event of the same batch takes is that event's duplicate — unless that
+        event was refused for its delivery id alone (a copy relabelled with an old one):
+        then it goes on its own, in one more round."""
         leaders: dict[str, _Pending] = {}
         followers: list[tuple[_Pending, _Pending]] = []
         for item in batch:
@@ -97,6 +96,9 @@ class EnqueueBatcher:
                 leader = leaders.setdefault(item.claim.key, item)
                 if leader is not item:
                     followers.append((item, leader))
+        if not leaders:  # on one Redis, or no event with a second identity
+            await self._enqueue(batch)
+            return
         claimed = list(leaders.values())
         try:
             held = await self.queue.replays.take([item.claim for item in claimed if item.claim])
@@ -132,10 +134,13 @@ class EnqueueBatcher:
     async def _enqueue(self, batch: list[_Pending]) -> None:
         if not batch:
             return
-        by_partition: dict[int, list[_Pending]] = {}
-        for item in batch:
-            by_partition.setdefault(item.partition, []).append(item)
-        groups = list(by_partition.values())
+        if self.queue.cluster:
+            by_partition: dict[int, list[_Pending]] = {}
+            for item in batch:
+                by_partition.setdefault(item.partition, []).append(item)
+            groups = list(by_partition.values())
+        else:
+            groups = [batch]
         try:
             replies = await self._send(groups)
             lost = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
@@ -157,7 +162,7 @@ class EnqueueBatcher:
                 _resolve(group, reply)
 
     async def _send(self, groups: list[list[_Pending]]) -> list[Any]:
-        """One round trip: EVALSHA per partition, pipelined; errors come back as values."""
+        """One round trip: EVALSHA per group, pipelined; errors come back as values."""
         self.round_trips += 1
         async with self.queue.redis.pipeline(transaction=False) as pipe:
             for group in groups:

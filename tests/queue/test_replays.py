@@ -1,5 +1,7 @@
 """Replay claims across partitions (``app/queue/replays.py``) on the real Redis: what a claim
-left pending, a failed enqueue and identical requests in one batch are answered."""
+left pending, a failed enqueue and identical requests in one batch are answered — on one
+Redis (the claim taken in the enqueue script) and as in a Redis Cluster (``cluster=True``:
+claimed first, in a round trip of its own)."""
 
 from __future__ import annotations
 
@@ -30,9 +32,15 @@ def _entry(event_id: str, group_key: str, *, replay: str = "sig-a") -> NewEntry:
     )
 
 
+@pytest.fixture(params=[False, True], ids=["one-redis", "cluster-mode"])
+def queue(redis: Redis, redis_prefix: str, request: pytest.FixtureRequest) -> EventQueue:
+    return EventQueue(redis, prefix=redis_prefix, partitions=16, cluster=request.param)
+
+
 @pytest.fixture
-def queue(redis: Redis, redis_prefix: str) -> EventQueue:
-    return EventQueue(redis, prefix=redis_prefix, partitions=16)
+def cluster_queue(redis: Redis, redis_prefix: str) -> EventQueue:
+    """Claims taken before the partition's script runs (what a claim left pending means)."""
+    return EventQueue(redis, prefix=redis_prefix, partitions=16, cluster=True)
 
 
 @pytest.mark.parametrize("batched", [True, False])
@@ -59,8 +67,9 @@ async def test_identical_requests_in_one_batch_get_one_event(queue: EventQueue) 
 
 
 async def test_a_concurrent_identical_request_waits_and_is_a_duplicate(
-    queue: EventQueue, redis: Redis
+    cluster_queue: EventQueue, redis: Redis
 ) -> None:
+    queue = cluster_queue
     claim = queue.claim_of(_entry("evt_1", "acme/api"))
     assert claim is not None
     await redis.set(claim.key, claim.value, px=5_000)  # evt_1 is being queued
@@ -78,9 +87,11 @@ async def test_a_concurrent_identical_request_waits_and_is_a_duplicate(
 async def test_a_claim_whose_event_never_got_queued_is_taken_over(
     queue: EventQueue, redis: Redis
 ) -> None:
-    """Its process died between the claim and the enqueue: the sender's retry waits about
-    0.2 s, then is queued."""
-    claim = queue.claim_of(_entry("evt_1", "acme/api"))
+    """Its process died between the claim and the enqueue (in a cluster): the sender's
+    retry waits about 0.2 s, then is queued; on one Redis it is queued at once."""
+    claim = EventQueue(redis, prefix=queue.prefix, partitions=16, cluster=True).claim_of(
+        _entry("evt_1", "acme/api")
+    )
     assert claim is not None
     await redis.set(claim.key, claim.value, px=60_000)
     assert await queue.enqueue(_entry("evt_2", "acme/api")) == EnqueueResult("evt_2", True)
@@ -92,8 +103,8 @@ class FailingQueue(EventQueue):
 
     fail = True
 
-    def __init__(self, redis: Redis, *, prefix: str, partitions: int) -> None:
-        super().__init__(redis, prefix=prefix, partitions=partitions)
+    def __init__(self, redis: Redis, *, prefix: str, partitions: int, cluster: bool) -> None:
+        super().__init__(redis, prefix=prefix, partitions=partitions, cluster=cluster)
         script = self._enqueue
 
         async def enqueue(**kwargs: Any) -> Any:
@@ -104,12 +115,14 @@ class FailingQueue(EventQueue):
         self._enqueue = enqueue  # type: ignore[assignment]
 
 
-async def test_a_failed_enqueue_gives_its_claim_back(redis: Redis, redis_prefix: str) -> None:
-    queue = FailingQueue(redis, prefix=redis_prefix, partitions=16)
+@pytest.mark.parametrize("cluster", [False, True], ids=["one-redis", "cluster-mode"])
+async def test_a_failed_enqueue_gives_its_claim_back(
+    redis: Redis, redis_prefix: str, cluster: bool
+) -> None:
+    queue = FailingQueue(redis, prefix=redis_prefix, partitions=16, cluster=cluster)
     with pytest.raises(RedisConnectionError):
         await queue.enqueue(_entry("evt_1", "acme/api"))
-    claim = queue.claim_of(_entry("evt_1", "acme/api"))
-    assert claim is not None and await redis.get(claim.key) is None
+    assert await redis.get(queue.replays.claim_key("github", "sig-a")) is None
     queue.fail = False
     # The sender's retry is queued at once, not refused as in flight.
     assert await queue.enqueue(_entry("evt_2", "acme/api")) == EnqueueResult("evt_2", True)
@@ -159,17 +172,18 @@ class FirstLandsLate(ReplayClaims):
         answers = await super().take(claims)
         first = _entry("evt_1", "acme/api")
         keys = self.queue.enqueue_keys(self.queue.partition_of(first.group_key), first)
-        await self.redis.eval(ENQUEUE, 4, *keys, "evt_1", 60_000, b"{}")
+        await self.redis.eval(ENQUEUE, 5, *keys, "evt_1", 60_000, b"{}")
         return answers
 
 
 @pytest.mark.parametrize("batched", [True, False])
 async def test_a_claim_taken_over_keeps_naming_the_queued_event(
-    queue: EventQueue, redis: Redis, batched: bool
+    cluster_queue: EventQueue, redis: Redis, batched: bool
 ) -> None:
     """The first request was slower than the wait: a second one took its claim over, then
     found it queued in the same partition (a duplicate). The claim must go on naming the
     queued event, so a later copy into another partition is still a duplicate."""
+    queue = cluster_queue
     slow = queue.claim_of(_entry("evt_1", "acme/api"))
     assert slow is not None
     await redis.set(slow.key, slow.value, px=60_000)  # evt_1 claimed, its script not run yet
@@ -201,3 +215,34 @@ async def test_a_cancelled_round_still_answers_identical_requests(queue: EventQu
     batcher._flusher.cancel()
     done, _ = await asyncio.wait([leader, follower], timeout=2)
     assert done == {leader, follower}, "a caller is still waiting"
+
+
+class CountingBatcher(EnqueueBatcher):
+    """Records how many script calls each round trip carries."""
+
+    calls: list[int]
+
+    async def _send(self, groups: list[Any]) -> list[Any]:
+        self.calls = [*getattr(self, "calls", []), len(groups)]
+        return await super()._send(groups)
+
+
+async def test_on_one_redis_a_batch_is_one_script_call_claims_included(
+    redis: Redis, redis_prefix: str
+) -> None:
+    """Signed events of several partitions, two of them one request relabelled: one round
+    trip carrying one script call; nothing claimed apart."""
+    queue = EventQueue(redis, prefix=redis_prefix, partitions=16)
+    batcher = CountingBatcher(queue)
+    keys = [f"repo/{n}" for n in range(6)]
+    assert len({queue.partition_of(key) for key in keys}) > 1
+    answers = await asyncio.gather(
+        *(
+            batcher.enqueue(_entry(f"evt_{n}", key, replay=f"sig-{n}"))
+            for n, key in enumerate(keys)
+        ),
+        batcher.enqueue(_entry("evt_copy", "octocat", replay="sig-0")),
+    )
+    assert batcher.calls == [1]
+    assert answers[:6] == [EnqueueResult(f"evt_{n}", True) for n in range(6)]
+    assert answers[6] == EnqueueResult("evt_0", False)
