@@ -26,6 +26,7 @@ plus ``ingest_buffer_bytes`` of bodies (``app/ingest/budget.py``).
 
 from __future__ import annotations
 
+import weakref
 from asyncio import TimerHandle
 from typing import Any, ClassVar, cast
 
@@ -142,19 +143,27 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         """An answer that starts before the request's body has all arrived says
         ``Connection: close``. uvicorn would close at once on that header, with the body's
         bytes unread, a reset that can overtake the answer: ``on_response_complete`` closes
-        a second later instead."""
-        send = cycle.send
+        a second later instead.
+
+        The wrapper holds its cycle weakly and calls the class's ``send``: a closure over
+        the cycle (or its bound ``send``), stored on that cycle, is a reference cycle, and
+        every request's cycle (scope, body, task) would then wait for the cyclic GC."""
+        send = type(cycle).send
+        ref = weakref.ref(cycle)
 
         async def send_closing(message: Any) -> None:
-            if message["type"] != "http.response.start" or not cycle.more_body:
-                await send(message)
+            current = ref()
+            if current is None:  # its task holds it while it runs: cannot happen
+                return
+            if message["type"] != "http.response.start" or not current.more_body:
+                await send(current, message)
                 return
             headers = list(message.get("headers", ()))
             if not any(name.lower() == b"connection" for name, _ in headers):
                 headers.append(_CLOSE)
-            await send(cast(Any, {**message, "headers": headers}))
-            cycle.keep_alive = True  # uvicorn's immediate close off: ours comes later
-            self._closing = cycle
+            await send(current, cast(Any, {**message, "headers": headers}))
+            current.keep_alive = True  # uvicorn's immediate close off: ours comes later
+            self._closing = current
 
         cycle.send = send_closing  # type: ignore[method-assign]
 
