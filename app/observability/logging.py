@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
@@ -127,6 +128,25 @@ def _cut_strings(data: Any) -> Any:
     return data
 
 
+def add_timestamp(
+    _: Any, __: str, event_dict: MutableMapping[str, Any]
+) -> MutableMapping[str, Any]:
+    """``timestamp``: ISO 8601 in UTC with microseconds (``2026-12-01T22:39:51.333459Z``).
+    The date and time up to the second are formatted once per second: a line is logged per
+    webhook, and a ``datetime`` per line cost a fifth of that line."""
+    global _second
+    now = time.time()
+    second = int(now)
+    cached = _second  # one tuple, read once: threads log too
+    if cached[0] != second:
+        cached = _second = (second, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second)))
+    event_dict["timestamp"] = f"{cached[1]}.{int((now - second) * 1_000_000):06d}Z"
+    return event_dict
+
+
+_second: tuple[int, str] = (-1, "")
+
+
 def configure_logging(*, fmt: str = "auto", level: str = "info") -> None:
     json_output = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
     renderer: structlog.typing.Processor = (
@@ -138,7 +158,7 @@ def configure_logging(*, fmt: str = "auto", level: str = "info") -> None:
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            add_timestamp,
             # Before redaction: an exception's message can carry a secret (a DSN, a token).
             structlog.processors.format_exc_info,
             redact_secrets,
