@@ -84,6 +84,10 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._head_done = False
         self._begun = False  # a request line has started (not just blank lines)
         self._refused = False
+        # When the head being received must be complete (None: no head under way). One
+        # timer per connection checks it, re-armed only when it fires: a head completing
+        # does not cancel it, so a keep-alive request costs no timer of its own.
+        self._head_deadline: float | None = None
         self._head_timer: TimerHandle | None = None
         self._closing: RequestResponseCycle | None = None  # said Connection: close
 
@@ -102,8 +106,11 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self._refused:
             return
-        if not self._head_done and self._head_timer is None:
-            self._arm_head_timer()  # the first byte of a next request (or a stray CRLF)
+        if not self._head_done and self._head_deadline is None:
+            # The first byte of a next request (or a stray CRLF).
+            self._head_deadline = self.loop.time() + self.head_timeout_seconds
+            if self._head_timer is None:
+                self._arm_head_timer(self.head_timeout_seconds)
         self._framing += len(data)
         super().data_received(data)
         if self._framing > self.max_header_bytes and not self._refused:
@@ -119,7 +126,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._head_done = True
-        self._cancel_head_timer()
+        self._head_deadline = None  # the timer, when it fires, finds nothing to time out
         limit = self.max_connections
         busy = limit is not None and (len(self.connections) >= limit or len(self.tasks) >= limit)
         # uvicorn runs ``self.app`` for the request whose head just completed.
@@ -188,8 +195,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._write_error(InvalidHTTPRequest("the request is not valid HTTP/1.1 (its framing)"))
         self.transport.close()
 
-    def _arm_head_timer(self) -> None:
-        self._head_timer = self.loop.call_later(self.head_timeout_seconds, self._head_timed_out)
+    def _arm_head_timer(self, seconds: float) -> None:
+        self._head_timer = self.loop.call_later(seconds, self._head_timed_out)
 
     def _cancel_head_timer(self) -> None:
         if self._head_timer is not None:
@@ -198,11 +205,17 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def _head_timed_out(self) -> None:
         self._head_timer = None
-        if self._head_done or self.transport.is_closing():
+        deadline = self._head_deadline
+        if deadline is None or self._head_done or self.transport.is_closing():
+            return
+        left = deadline - self.loop.time()
+        if left > 0:  # a later head than the one this timer was armed for
+            self._arm_head_timer(left)
             return
         if self.cycle is not None and not self.cycle.response_complete:
-            # A request is being answered; its next head gets the timeout afresh later.
-            self._arm_head_timer()
+            # A request is being answered; its next head gets the timeout afresh.
+            self._head_deadline = self.loop.time() + self.head_timeout_seconds
+            self._arm_head_timer(self.head_timeout_seconds)
             return
         self._refused = True
         if self._begun:  # a request was started: say why the connection closes

@@ -380,6 +380,27 @@ def test_connections_that_send_no_head_are_closed(start_api: Callable[..., Gatew
             sock.close()
 
 
+def test_a_later_head_on_a_kept_alive_connection_gets_its_own_timeout(
+    start_api: Callable[..., GatewayProcess],
+) -> None:
+    """One head timer per connection, re-armed when it fires: a head that starts while the
+    timer armed for the previous request is pending is timed out from its own first byte,
+    neither at the earlier deadline nor never."""
+    gateway = start_api(EVENTGATE_KEEP_ALIVE_SECONDS="5", EVENTGATE_HEAD_TIMEOUT_SECONDS="2")
+    body, headers = github_request(GITHUB_SECRET, issue_payload("acme/api", 3))
+    headers["Content-Length"] = str(len(body))
+    with socket.create_connection(("127.0.0.1", gateway.port)) as sock:
+        sock.sendall(head("/v1/webhooks/github", headers) + body)
+        assert response(sock)[0] == 202
+        time.sleep(1.5)  # the first request's timer is still pending
+        sock.sendall(b"POST /v1/webhooks/github HTTP/1.1\r\n")
+        began = time.monotonic()
+        status, _, error = response(sock, timeout=6)
+        waited = time.monotonic() - began
+    assert (status, error["error"]) == (408, "RequestHeadTimeout")
+    assert 1.8 <= waited <= 3.5, waited
+
+
 @pytest.mark.parametrize(
     "framing",
     [
