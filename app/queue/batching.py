@@ -2,12 +2,12 @@
 
 Each request calls ``enqueue`` and awaits its own ``EnqueueResult``. Whatever arrived while
 the previous round trip was in flight (or in the same event-loop turn) goes out together. The
-Lua script keeps the single-event guarantees per event — dedup check (replay claim
-included), XADD, dedup keys and queued marker in one atomic step (it is ``streams.ENQUEUE``,
-the script ``EventQueue.enqueue`` runs for one event). On one Redis the whole batch is one
-call of it. In a Redis Cluster (``EventQueue.cluster``) a call may only touch keys of one
-partition (one hash tag): one call per partition touched, all sent in one pipeline, and an
-event with a second identity (a signed request's digest) first claims it across partitions
+Lua script keeps the single-event guarantees per event — dedup check (a signed request's
+digest included), XADD, dedup keys and queued marker in one atomic step (it is
+``streams.ENQUEUE``, the script ``EventQueue.enqueue`` runs for one event). On one Redis the
+whole batch is one call of it. In a Redis Cluster (``EventQueue.cluster``) a call may only
+touch keys of one partition (one hash tag): one call per partition touched, all sent in one
+pipeline, and an event with a second identity first claims it across partitions
 (``app/queue/replays.py``), all of a batch's claims in one more round trip.
 
 Invariants:
@@ -41,7 +41,7 @@ class EventEnqueuer(Protocol):
 @dataclass(slots=True)
 class _Pending:
     partition: int
-    keys: tuple[str, str, str, str, str]
+    keys: tuple[str, str, str, str]
     args: tuple[str, int, bytes]
     claim: Claim | None
     future: asyncio.Future[EnqueueResult] = field(repr=False)

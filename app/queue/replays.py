@@ -4,12 +4,13 @@ An event's dedup keys live in its partition (one hash tag with the stream, so on
 checks them and queues the event). But the partition follows the group key, and where an
 unsigned header picks the group key (GitHub's ``X-GitHub-Event``, a binary CloudEvent's
 ``ce-subject``) a captured signed request, relabelled, lands in another partition whose keys
-never saw it. So an event with a ``replay_id`` (a digest of what its signature covers) also
-claims ``{prefix}:replays:<digest>``, a key of its own (its own slot in a Redis Cluster),
-for the dedup window, naming the event and the partition key that proves it queued (the
-partition's own replay key, which its enqueue script sets). On one Redis the enqueue script
-checks and sets the claim itself, in its atomic step (``streams.ENQUEUE``). In a Redis
-Cluster a script may touch one slot only, so the claim is taken first, with ``SET NX``:
+never saw it. So an event with a ``replay_id`` (a digest of what its signature covers) is
+also remembered source-wide, for the dedup window, in ``{prefix}:replays:<digest>``. On one
+Redis that key is simply the enqueue script's second dedup key (``streams.ENQUEUE``): checked
+and set in its atomic step. In a Redis Cluster a script may touch one slot only, so the key
+(its own slot) is a claim taken first, with ``SET NX``, naming the event and the partition
+key that will prove it queued (the partition's own replay key, which its enqueue script
+sets):
 
 - claimed → the partition's enqueue script runs as before (its own dedup keys included);
 - held, and the holder's proof key names the holder → a duplicate of that event;

@@ -2,9 +2,9 @@
 
 Keys carry a hash tag per partition (``{prefix}:{p7}:...``) so the dedup keys and the stream
 of one partition live in the same Redis Cluster slot and one Lua call can touch them all.
-``cluster=True`` keeps every script call within one slot; on one Redis (the default) an
-enqueue also takes its replay claim in the same script, and a batch of events goes in one
-call, whatever partitions it touches.
+``cluster=True`` keeps every script call within one slot; on one Redis (the default) a batch
+of events goes in one call whatever partitions it touches, and an event's second identity
+is remembered source-wide by that same call (``replays.py``).
 """
 
 from __future__ import annotations
@@ -24,38 +24,26 @@ GROUP = b"eventgate"
 
 # Dedup and enqueue in one atomic step, for one event or a batch (the one enqueue script: the
 # batched ingest path and ``EventQueue.enqueue`` both run it). Per event, in call order:
-# KEYS: dedup key, second dedup key, stream key, queued marker, replay claim;
+# KEYS: dedup key, second dedup key, stream key, queued marker;
 # ARGV: event id, window (ms), event bytes.
 # An event is a duplicate when either dedup key holds an event id (the first one's is
 # answered); else it is XADDed and both keys, and the queued marker (for the admin API,
 # until the worker has stored it), are set. An event without a second identity passes its
 # dedup key twice. A 2xx is only sent once the XADD has happened.
-# The replay claim (``replays.py``) is the dedup key again where the script may touch only
-# one partition's keys (a Redis Cluster: claims are then taken in a round trip of their
-# own). On one Redis it is the claim itself, checked and set here in the same atomic step:
-# held, and its proof key (the holder's partition's replay key) names the holder → a
-# duplicate of that event; else, once the event is queued, it names this event.
+# The second dedup key is the source-wide replay key (``replays.py``) on one Redis; in a Redis
+# Cluster, where a call may only touch one partition's keys, the partition's own (the
+# source-wide claim is then taken first, in a round trip of its own).
 # Per event the reply is a code and an event id: CREATED, or a duplicate found by the
 # delivery id (BY_DELIVERY) or by the second identity alone (BY_REPLAY: the same request).
 ENQUEUE = """
 local out = {}
-for i = 0, #KEYS / 5 - 1 do
-  local k, a = i * 5, i * 3
+for i = 0, #KEYS / 4 - 1 do
+  local k, a = i * 4, i * 3
   local existing = redis.call('GET', KEYS[k + 1])
   local found = 0
   if not existing then
     existing = redis.call('GET', KEYS[k + 2])
     found = 2
-  end
-  local claim = KEYS[k + 5]
-  if not existing and claim ~= KEYS[k + 1] then
-    local held = redis.call('GET', claim)
-    if held then
-      local holder, proof = string.match(held, '^(%S+) (.+)$')
-      if holder and redis.call('GET', proof) == holder then
-        existing = holder
-      end
-    end
   end
   if existing then
     out[#out + 1] = found
@@ -65,9 +53,6 @@ for i = 0, #KEYS / 5 - 1 do
     redis.call('SET', KEYS[k + 1], ARGV[a + 1], 'PX', ARGV[a + 2])
     redis.call('SET', KEYS[k + 2], ARGV[a + 1], 'PX', ARGV[a + 2])
     redis.call('SET', KEYS[k + 4], '1', 'PX', ARGV[a + 2])
-    if claim ~= KEYS[k + 1] then
-      redis.call('SET', claim, ARGV[a + 1] .. ' ' .. KEYS[k + 2], 'PX', ARGV[a + 2])
-    end
     out[#out + 1] = 1
     out[#out + 1] = ARGV[a + 1]
   end
@@ -151,23 +136,20 @@ class EventQueue:
     def queued_marker_key(self, partition: int, event_id: str) -> str:
         return f"{self.prefix}:{{p{partition}}}:queued:{event_id}"
 
-    def enqueue_keys(self, partition: int, entry: NewEntry) -> tuple[str, str, str, str, str]:
+    def enqueue_keys(self, partition: int, entry: NewEntry) -> tuple[str, str, str, str]:
         """The KEYS of one event for ``ENQUEUE``: all in the partition's hash tag, but for
-        the replay claim of an event with a second identity on one Redis."""
+        the second identity's key on one Redis (source-wide, so a copy relabelled into
+        another partition finds it)."""
         dedup = self.dedup_key(partition, entry.source, entry.delivery_id)
         replay = entry.replay_id
         if replay is None:
-            return dedup, dedup, self.stream_key(partition), self._queued(partition, entry), dedup
-        return (
-            dedup,
-            self.replay_key(partition, entry.source, replay),
-            self.stream_key(partition),
-            self._queued(partition, entry),
-            dedup if self.cluster else self.replays.claim_key(entry.source, replay),
-        )
-
-    def _queued(self, partition: int, entry: NewEntry) -> str:
-        return self.queued_marker_key(partition, entry.event_id)
+            second = dedup
+        elif self.cluster:
+            second = self.replay_key(partition, entry.source, replay)
+        else:
+            second = self.replays.claim_key(entry.source, replay)
+        queued = self.queued_marker_key(partition, entry.event_id)
+        return dedup, second, self.stream_key(partition), queued
 
     async def is_queued(self, event_id: str) -> bool:
         """True while the event is on a stream and not yet stored by a worker."""
@@ -179,7 +161,8 @@ class EventQueue:
 
     def claim_of(self, entry: NewEntry) -> Claim | None:
         """The cross-partition claim of an event with a second identity (``replays.py``),
-        taken before its enqueue script runs; None on one Redis, where the script takes it."""
+        taken before its enqueue script runs in a cluster; None on one Redis, where the
+        script itself checks and sets the source-wide key."""
         if entry.replay_id is None or not self.cluster:
             return None
         return Claim(
