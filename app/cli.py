@@ -142,6 +142,43 @@ def migrate() -> None:
     typer.echo("database is at the latest migration")
 
 
+@app.command()
+def repartition(
+    partitions: Annotated[int, typer.Argument(min=1, help="the new partition count")],
+) -> None:
+    """Change the queue's partition count (EVENTGATE_REDIS_URL, EVENTGATE_REDIS_PREFIX).
+
+    Refused unless every stream is empty and no worker is running: stop ingest, let the
+    workers drain the queue, stop every process, run this, then start them all with
+    EVENTGATE_PARTITIONS set to the new count."""
+    import asyncio
+
+    from app.queue.connection import connect_redis
+    from app.queue.layout import NotDrained
+    from app.queue.layout import repartition as change
+
+    settings = Settings()
+
+    async def run() -> str:
+        redis = connect_redis(settings.redis_url)
+        try:
+            done = await change(redis, prefix=settings.redis_prefix, partitions=partitions)
+        finally:
+            await redis.aclose()
+        if done.before == done.after:
+            return f"the queue already has {done.after} partitions"
+        return (
+            f"partitions: {done.before} → {done.after} ({done.streams_removed} empty streams "
+            f"removed); start every process with EVENTGATE_PARTITIONS={done.after}"
+        )
+
+    try:
+        typer.echo(asyncio.run(run()))
+    except NotDrained as exc:
+        typer.echo(f"refused: {exc}", err=True)
+        raise typer.Exit(1) from None
+
+
 @app.command("check-config")
 def check_config(config: ConfigOpt = None) -> None:
     """Validate the config and print its sources, pipelines and tools."""

@@ -20,6 +20,7 @@ from contextlib import AsyncExitStack
 
 import aioboto3
 import structlog
+from redis.exceptions import RedisError
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -41,6 +42,7 @@ from app.publish.sns import SnsPublisher
 from app.queue.backlog import BacklogMonitor
 from app.queue.batching import EnqueueBatcher
 from app.queue.connection import connect_redis
+from app.queue.layout import PartitionCountMismatch
 from app.queue.leases import PartitionLeases
 from app.queue.streams import EventQueue
 from app.queue.worker import QueueWorker
@@ -54,6 +56,7 @@ from app.supervision import Supervisor
 
 log = structlog.get_logger(__name__)
 DISPOSE_TIMEOUT_SECONDS = 5.0
+LAYOUT_CHECK_SECONDS = 5.0
 NO_LLM = "not configured: set ANTHROPIC_API_KEY (events are accepted and stay queued)"
 
 
@@ -91,6 +94,7 @@ async def _build_shared(
     redis = connect_redis(settings.redis_url)
     stack.push_async_callback(redis.aclose)
     queue = EventQueue(redis, prefix=settings.redis_prefix, partitions=settings.partitions)
+    await _check_layout(queue)
     supervisor = Supervisor(restart_seconds=settings.task_restart_seconds)
     backlog = BacklogMonitor(
         queue,
@@ -277,6 +281,19 @@ async def stop(running: Running) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(processing.worker.shutdown(), grace)
     await running.shared.supervisor.stop_all()
+
+
+async def _check_layout(queue: EventQueue) -> None:
+    """Refuse to start with another partition count than the queue's (``layout.py``). Redis
+    not answering yet is no refusal: the first enqueue and the worker's loops check again."""
+    try:
+        async with asyncio.timeout(LAYOUT_CHECK_SECONDS):
+            await queue.check_layout()
+    except PartitionCountMismatch as exc:
+        log.error("partition_count_mismatch", detail=str(exc))
+        raise
+    except (RedisError, OSError, TimeoutError) as exc:
+        log.warning("partition_count_unchecked", error=type(exc).__name__)
 
 
 async def _dispose(engine: AsyncEngine) -> None:

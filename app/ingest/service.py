@@ -40,6 +40,7 @@ from app.observability.metrics import (
 from app.payloads import resolve_key
 from app.queue.backlog import BacklogMonitor
 from app.queue.batching import EventEnqueuer
+from app.queue.layout import PartitionCountMismatch
 from app.queue.replays import ReplayInFlight
 from app.queue.streams import NewEntry
 from app.redaction import NestingTooDeep, payload_to_json, redact_to_json
@@ -173,6 +174,9 @@ class IngestService:
         except (RedisError, OSError) as exc:
             log.warning("enqueue_failed", source=source.name, error=type(exc).__name__)
             raise QueueUnavailable("the event queue is unreachable; retry later") from exc
+        except PartitionCountMismatch as exc:
+            log.error("enqueue_refused", source=source.name, error=str(exc))
+            raise QueueUnavailable("the event queue is misconfigured; retry later") from exc
         except ReplayInFlight as exc:
             raise QueueUnavailable(
                 "an identical signed request is being queued right now; retry later",

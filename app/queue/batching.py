@@ -81,6 +81,11 @@ class EnqueueBatcher:
         while self._pending:
             batch = self._pending[: self.max_batch]
             del self._pending[: self.max_batch]
+            try:
+                await self.queue.check_layout()  # once per process (a GET), then a flag
+            except BaseException as exc:  # noqa: BLE001 (a cancel is re-raised by _fail_all)
+                _fail_all(batch, exc)
+                continue
             await self._flush(batch)
 
     async def _flush(self, batch: list[_Pending]) -> None:

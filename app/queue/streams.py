@@ -3,8 +3,9 @@
 Keys carry a hash tag per partition (``{prefix}:{p7}:...``) so the dedup keys and the stream
 of one partition live in the same Redis Cluster slot and one Lua call can touch them all.
 ``cluster=True`` keeps every script call within one slot; on one Redis (the default) a batch
-of events goes in one call whatever partitions it touches, and an event's second identity
-is remembered source-wide by that same call (``replays.py``).
+of events goes in one call whatever partitions it touches, and dedup keys are source-wide:
+an event's second identity (``replays.py``) and its delivery id are found whatever
+partition a copy lands in, and whatever the partition count (``layout.py``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from app.leases import partition_lease_key
+from app.queue.layout import check_partition_count
 from app.queue.replays import Claim, ReplayClaims, ReplayInFlight
 
 GROUP = b"eventgate"
@@ -111,9 +113,22 @@ class EventQueue:
         self.prefix = prefix
         self.partitions = partitions
         self.cluster = cluster
+        self._layout_checked = False
         self._enqueue = redis.register_script(ENQUEUE)
         self._ack = redis.register_script(_ACK)
         self.replays = ReplayClaims(redis, prefix=prefix)
+
+    async def check_layout(self) -> None:
+        """Once per process, before the first enqueue or read: the partition count is the
+        one the queue was made with (``layout.py``; ``PartitionCountMismatch`` if not)."""
+        if not self._layout_checked:
+            await check_partition_count(
+                self.redis,
+                prefix=self.prefix,
+                partitions=self.partitions,
+                source_wide_dedup=not self.cluster,
+            )
+            self._layout_checked = True
 
     def partition_of(self, group_key: str) -> int:
         return zlib.crc32(group_key.encode()) % self.partitions
@@ -122,7 +137,11 @@ class EventQueue:
         return f"{self.prefix}:{{p{partition}}}:stream"
 
     def dedup_key(self, partition: int, source: str, delivery_id: str) -> str:
+        """Source-wide on one Redis (so it outlives a change of the partition count,
+        ``layout.py``); in the partition's slot in a cluster."""
         digest = hashlib.sha256(f"{source}\0{delivery_id}".encode()).hexdigest()[:32]
+        if not self.cluster:
+            return f"{self.prefix}:dedup:{digest}"
         return f"{self.prefix}:{{p{partition}}}:dedup:{digest}"
 
     def failures_key(self, partition: int) -> str:
@@ -137,9 +156,9 @@ class EventQueue:
         return f"{self.prefix}:{{p{partition}}}:queued:{event_id}"
 
     def enqueue_keys(self, partition: int, entry: NewEntry) -> tuple[str, str, str, str]:
-        """The KEYS of one event for ``ENQUEUE``: all in the partition's hash tag, but for
-        the second identity's key on one Redis (source-wide, so a copy relabelled into
-        another partition finds it)."""
+        """The KEYS of one event for ``ENQUEUE``: in a cluster all in the partition's hash
+        tag; on one Redis the dedup keys are source-wide (a copy relabelled into another
+        partition finds them, and they outlive a change of the partition count)."""
         dedup = self.dedup_key(partition, entry.source, entry.delivery_id)
         replay = entry.replay_id
         if replay is None:
@@ -177,6 +196,7 @@ class EventQueue:
     async def enqueue(self, entry: NewEntry) -> EnqueueResult:
         """One event: one Lua call (in a cluster, after its replay claim when it has a second
         identity)."""
+        await self.check_layout()
         claim = self.claim_of(entry)
         if claim is not None:
             (held,) = await self.replays.take([claim])

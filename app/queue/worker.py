@@ -146,6 +146,7 @@ class QueueWorker:
         delay = 0.5
         while not self._stopping.is_set():
             try:
+                await self.queue.check_layout()  # a mismatch ends the loop: /readyz 503
                 await self.queue.ensure_groups(list(range(self.queue.partitions)))
                 return
             except REDIS_ERRORS as exc:
@@ -157,6 +158,9 @@ class QueueWorker:
         while True:
             busy = {p for p, n in self._in_flight.items() if n > 0}
             try:
+                # No lease under another partition count than the queue's: a mismatch
+                # ends the loop (/readyz 503), before any partition is taken.
+                await self.queue.check_layout()
                 # Giving partitions back is left to the read loop, between two reads: a
                 # partition released while a blocking read still lists it could hand an
                 # entry to this process after the next owner already claimed what was pending.

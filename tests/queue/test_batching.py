@@ -131,14 +131,19 @@ async def test_script_is_loaded_when_redis_does_not_know_it() -> None:
     await redis.aclose()
 
 
-async def test_a_redis_error_fails_every_waiter_of_the_batch() -> None:
+@pytest.mark.parametrize("layout_checked", [True, False])
+async def test_a_redis_error_fails_every_waiter_of_the_batch(layout_checked: bool) -> None:
+    """Redis gone in the enqueue round trip, or already in the once-per-process check of the
+    partition count before it."""
     redis = Redis.from_url(f"redis://127.0.0.1:{free_port()}/0", socket_connect_timeout=1)
-    batcher = EnqueueBatcher(EventQueue(redis, prefix="p", partitions=4))
+    queue = EventQueue(redis, prefix="p", partitions=4)
+    queue._layout_checked = layout_checked
+    batcher = EnqueueBatcher(queue)
     results = await asyncio.gather(
         *(_enqueue(batcher, event_id=f"evt_{i}", key=f"k{i}") for i in range(5)),
         return_exceptions=True,
     )
-    assert batcher.round_trips == 1
+    assert batcher.round_trips == (1 if layout_checked else 0)
     assert all(isinstance(result, RedisConnectionError) for result in results)
     # The batcher keeps working for later calls (it fails them too, it does not hang).
     with pytest.raises(RedisConnectionError):

@@ -10,6 +10,7 @@ from typing import Any
 from redis.asyncio import Redis
 
 from app.events import Event
+from app.queue.layout import check_partition_count
 from app.queue.leases import LeaseGuard, PartitionLeases
 from app.queue.streams import EventQueue, NewEntry
 from app.queue.worker import QueueWorker
@@ -139,3 +140,32 @@ async def test_the_lease_keeper_ends_on_a_cancel_swallowed_below(
     await asyncio.sleep(0.02)  # inside the first tick
     await asyncio.wait_for(keeper.stop(), 2)  # a swallowed cancel is cancelled again
     assert keeper.current is not None and keeper.current.done()
+
+
+async def test_a_worker_with_another_partition_count_takes_no_partition(
+    redis: Redis, redis_prefix: str
+) -> None:
+    """The queue was made with 2 partitions; a worker configured with 4 takes no lease and
+    reads nothing, and its loops are down (what ``/readyz`` reports)."""
+    await check_partition_count(redis, prefix=redis_prefix, partitions=2)
+    leases = PartitionLeases(redis, prefix=redis_prefix, partitions=4, owner="w1", ttl_ms=400)
+    supervisor = Supervisor(restart_seconds=0.05)
+    worker = QueueWorker(
+        queue=EventQueue(redis, prefix=redis_prefix, partitions=4),
+        leases=leases,
+        process=lambda _, __: asyncio.sleep(0),
+        give_up=_never_gives_up,
+        consumer="w1",
+        concurrency=1,
+        grace_seconds=0.1,
+        supervisor=supervisor,
+    )
+    worker.start()
+    await asyncio.sleep(0.5)
+    down = supervisor.down()
+    assert "PartitionCountMismatch" in down.get("lease-keeper", ""), down
+    assert "PartitionCountMismatch" in down.get("read-loop", ""), down
+    assert leases.tokens == {}
+    assert not await redis.exists(f"{redis_prefix}:{{p0}}:lease")
+    await worker.shutdown()
+    await supervisor.stop_all()
