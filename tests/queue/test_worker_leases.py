@@ -113,6 +113,22 @@ async def test_a_read_takes_no_more_entries_than_the_buffer_has_room_for(
     await asyncio.wait_for(task, 10)
 
 
+def _idle_worker(
+    queue: EventQueue, leases: PartitionLeases, *, supervisor: Supervisor | None = None
+) -> QueueWorker:
+    """A worker whose processing does nothing (these tests look at its leases)."""
+    return QueueWorker(
+        queue=queue,
+        leases=leases,
+        process=lambda _, __: asyncio.sleep(0),
+        give_up=_never_gives_up,
+        consumer="w1",
+        concurrency=1,
+        grace_seconds=0.1,
+        supervisor=supervisor,
+    )
+
+
 class _SwallowingLeases(PartitionLeases):
     """Its tick swallows a cancel, as Python 3.11's ``wait_for`` can when the awaited call
     finishes at the same moment."""
@@ -127,15 +143,7 @@ async def test_the_lease_keeper_ends_on_a_cancel_swallowed_below(
     redis: Redis, redis_prefix: str
 ) -> None:
     leases = _SwallowingLeases(redis, prefix=redis_prefix, partitions=1, owner="w1", ttl_ms=400)
-    worker = QueueWorker(
-        queue=EventQueue(redis, prefix=redis_prefix, partitions=1),
-        leases=leases,
-        process=lambda _, __: asyncio.sleep(0),
-        give_up=_never_gives_up,
-        consumer="w1",
-        concurrency=1,
-        grace_seconds=0.1,
-    )
+    worker = _idle_worker(EventQueue(redis, prefix=redis_prefix, partitions=1), leases)
     keeper = Supervisor().start("lease-keeper", worker._keep_leases)
     await asyncio.sleep(0.02)  # inside the first tick
     await asyncio.wait_for(keeper.stop(), 2)  # a swallowed cancel is cancelled again
@@ -150,15 +158,8 @@ async def test_a_worker_with_another_partition_count_takes_no_partition(
     await check_partition_count(redis, prefix=redis_prefix, partitions=2)
     leases = PartitionLeases(redis, prefix=redis_prefix, partitions=4, owner="w1", ttl_ms=400)
     supervisor = Supervisor(restart_seconds=0.05)
-    worker = QueueWorker(
-        queue=EventQueue(redis, prefix=redis_prefix, partitions=4),
-        leases=leases,
-        process=lambda _, __: asyncio.sleep(0),
-        give_up=_never_gives_up,
-        consumer="w1",
-        concurrency=1,
-        grace_seconds=0.1,
-        supervisor=supervisor,
+    worker = _idle_worker(
+        EventQueue(redis, prefix=redis_prefix, partitions=4), leases, supervisor=supervisor
     )
     worker.start()
     await asyncio.sleep(0.5)
