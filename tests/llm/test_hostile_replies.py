@@ -151,19 +151,7 @@ async def test_a_nul_in_a_refused_name_or_dropped_key_does_not_poison_the_decisi
 
 
 def _check(schema: dict[str, Any], tool_input: dict[str, Any]) -> dict[str, Any]:
-    answer = ClaudeReply(
-        model="claude-sonnet-4-6",
-        request_id=None,
-        stop_reason="tool_use",
-        content=[{"type": "tool_use", "id": "toolu_1", "name": "notify", "input": tool_input}],
-        latency_ms=1.0,
-    )
-    check = check_tool_uses(
-        answer,
-        offered=["notify"],
-        validators={"notify": Draft202012Validator(schema)},
-        max_calls=5,
-    )
+    check = _check_reply(tool_input, schema=schema)
     assert not check.invalid, check.invalid
     (accepted,) = check.accepted
     cleaned: dict[str, Any] = accepted["input"]
