@@ -4,6 +4,7 @@ only once nothing queued can move, keeping deliveries seen before it duplicates 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import redis as sync_redis
 from redis.asyncio import Redis
 
 from app.config import load_config
+from app.leases import partition_lease_key
 from app.main import create_app
 from app.queue.batching import EnqueueBatcher
 from app.queue.layout import (
@@ -189,3 +191,29 @@ def test_redis_down_at_start_then_another_count_found_refuses_ingest(
         finally:
             redis_server.terminate()
             redis_server.wait(10)
+
+
+async def test_two_processes_starting_at_once_with_different_counts_one_is_refused(
+    redis: Redis, redis_prefix: str
+) -> None:
+    """A rollout that mixes counts on a fresh queue: whichever stores first wins, the other
+    is refused; never both accepted."""
+    results = await asyncio.gather(
+        check_partition_count(redis, prefix=redis_prefix, partitions=8),
+        check_partition_count(redis, prefix=redis_prefix, partitions=16),
+        return_exceptions=True,
+    )
+    refused = [r for r in results if isinstance(r, PartitionCountMismatch)]
+    accepted = [r for r in results if isinstance(r, int)]
+    assert len(refused) == 1 and len(accepted) == 1, results
+    assert await redis.get(count_key(redis_prefix)) == str(accepted[0]).encode()
+
+
+async def test_repartition_is_refused_while_a_partition_lease_is_held(
+    redis: Redis, redis_prefix: str
+) -> None:
+    await check_partition_count(redis, prefix=redis_prefix, partitions=4)
+    await redis.set(partition_lease_key(redis_prefix, 2), "w1:token", px=60_000)
+    with pytest.raises(NotDrained, match=r"partition leases held: \[2\]"):
+        await repartition(redis, prefix=redis_prefix, partitions=8)
+    assert await redis.get(count_key(redis_prefix)) == b"4"
