@@ -60,6 +60,10 @@ class ChaosPlan:
     restart_redis: bool = True
     # Each key's events are spread over about this long, so the faults hit a stream in flow.
     send_seconds: float = 90.0
+    # Faults go on after the last webhook (hitting the events still in processing) until
+    # at least this many were made: how many fit in the sending time depends on how fast
+    # a killed process is back, which a loaded machine stretches.
+    min_faults: int = 0
     settle_timeout: float = 240.0
     seed: int = 7
 
@@ -190,7 +194,11 @@ class ChaosRun:
         sending = asyncio.create_task(self._send_all())
         faults = asyncio.create_task(self._faults())
         try:
-            return await sending
+            sent = await sending
+            deadline = time.monotonic() + 120
+            while len(self.report.faults) < self.plan.min_faults and time.monotonic() < deadline:
+                await asyncio.sleep(0.2)
+            return sent
         finally:
             faults.cancel()
             await asyncio.gather(faults, return_exceptions=True)

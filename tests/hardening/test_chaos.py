@@ -29,6 +29,7 @@ def test_a_short_chaos_run_loses_doubles_reorders_and_dead_letters_nothing(
         send_seconds=40,
         every=(5.0, 7.0),
         claude_down_seconds=8,
+        min_faults=5,
         settle_timeout=150,
     )
     report = ChaosRun(
