@@ -49,7 +49,7 @@ from app.queue.worker import QueueWorker
 from app.settings import Settings
 from app.sources.base import AdapterDeps
 from app.state import ApiParts, Processing, Running, Shared, WorkerParts
-from app.store.db import create_engine, session_factory
+from app.store.db import create_engine, read_session_factory, session_factory
 from app.store.migrate import upgrade_head
 from app.store.retention import RetentionJob
 from app.supervision import Supervisor
@@ -219,6 +219,7 @@ async def _build_relay(shared: Shared, stack: AsyncExitStack, *, owner: str) -> 
     shared.health.check("sns", lambda: _topics(publisher, topics), required=False)
     return OutboxRelay(
         sessions=shared.sessions,
+        reads=read_session_factory(shared.engine),
         publisher=publisher,
         lease=RelayLease(shared.redis, prefix=settings.redis_prefix, owner=owner),
         memory=PublishedMemory(

@@ -4,8 +4,9 @@ Invariants:
 - every attempt (success, API error, timeout, invalid tool input) has an audit row, written
   before the call and completed after it (see ``caller.py`` for retries, breaker and limits);
 - an invalid tool input gets one repair turn; still invalid → dead-lettered with the reason;
-- the successful attempt's outcome, the outbox rows and the event status are one transaction,
-  and the caller acks the stream entry only after it has committed;
+- the successful attempt's outcome, the outbox rows and the event status are stored together
+  (one statement on PostgreSQL, ``store/decisions.py``), and the caller acks the stream entry
+  only after they are committed;
 - the store is fenced by the lease: a worker whose tenure is older than the latest one that
   started the event is refused (``LeaseLost``, nothing stored but its audit row, marked
   ``superseded``), and it learns so before calling Claude wherever it can;
@@ -33,10 +34,10 @@ from app.llm.client import ClaudeRequest
 from app.observability.metrics import DEDUP_HITS, EVENTS_FINISHED
 from app.publish.messages import outbox_row
 from app.store.dead_letters import DeadLetters
+from app.store.decisions import Decision, DecisionStore
 from app.store.models import LlmCallStatus, OutboxRow
 from app.store.repository import (
     EVENT_FIELDS,
-    EventRepository,
     LlmCallRepository,
     OutboxRepository,
     start_delivery,
@@ -66,6 +67,7 @@ class EventProcessor:
         # start_delivery is one statement: on an autocommit connection it is one round trip
         # (no BEGIN, no COMMIT) and skips the ORM session, on every event's critical path.
         self.autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
+        self.decisions = DecisionStore(engine)
         self.caller = caller
         self.trail = trail
         self.dead_letters = DeadLetters(sessions=sessions)
@@ -221,23 +223,20 @@ class EventProcessor:
             for index, use in enumerate(accepted)
         ]
         try:
-            async with self.sessions() as session:
-                await LlmCallRepository(session).complete(result.call_id, outcome)
-                if problems:
-                    reason = "invalid tool input after repair: " + "; ".join(problems)
-                    await self.dead_letters.add_in(
-                        session, event.id, stage="llm", reason=reason, epoch=epoch
-                    )
-                    await session.commit()
-                    DeadLetters.count(event.id, stage="llm", reason=reason)
-                    return
-                status = EventStatus.PROCESSING if rows else EventStatus.NO_ACTION
-                if not await EventRepository(session).set_status_fenced(
-                    event.id, status, epoch=epoch, error="; ".join(notes) or None
-                ):
-                    raise LeaseLost("a later lease tenure started the event: decision not stored")
-                await OutboxRepository(session).add_all(rows)
-                await session.commit()
+            if problems:
+                await self._refuse(event, result.call_id, outcome, problems, epoch=epoch)
+                return
+            decision = Decision(
+                event_id=event.id,
+                status=EventStatus.PROCESSING if rows else EventStatus.NO_ACTION,
+                error="; ".join(notes) or None,
+                epoch=epoch,
+                call_id=result.call_id,
+                outcome=outcome,
+                rows=rows,
+            )
+            if not await self.decisions.store(decision):
+                raise LeaseLost("a later lease tenure started the event: decision not stored")
         except (LeaseLost, IntegrityError) as exc:
             # Another worker stored (or is storing) this event's decision: this paid call
             # keeps its audit row, marked as the loser.
@@ -269,6 +268,25 @@ class EventProcessor:
             stop_reason=reply.stop_reason,
             cost_usd=result.cost_usd,
         )
+
+    async def _refuse(
+        self,
+        event: Event,
+        call_id: str,
+        outcome: dict[str, Any],
+        problems: list[str],
+        *,
+        epoch: int,
+    ) -> None:
+        """Still invalid after the repair turn: the outcome and the dead letter together."""
+        reason = "invalid tool input after repair: " + "; ".join(problems)
+        async with self.sessions() as session:
+            await LlmCallRepository(session).complete(call_id, outcome)
+            await self.dead_letters.add_in(
+                session, event.id, stage="llm", reason=reason, epoch=epoch
+            )
+            await session.commit()
+        DeadLetters.count(event.id, stage="llm", reason=reason)
 
     async def _unstorable(
         self,

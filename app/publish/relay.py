@@ -61,8 +61,11 @@ class OutboxRelay:
         max_backoff: float = 30.0,
         batch_concurrency: int = 4,
         clock: Callable[[], float] = time.monotonic,
+        reads: async_sessionmaker[AsyncSession] | None = None,
     ) -> None:
         self.sessions = sessions
+        # The fetch of pending rows is one read: on autocommit sessions when given.
+        self.reads = reads or sessions
         self.publisher = publisher
         self.lease = lease
         self.memory = memory
@@ -114,7 +117,7 @@ class OutboxRelay:
         if not await self._holds_lease():
             return 0
         now = self.clock()
-        async with self.sessions() as session:
+        async with self.reads() as session:
             rows = await OutboxRepository(session).pending(
                 limit=self.fetch_size,
                 per_group=self.rows_per_group,

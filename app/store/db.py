@@ -44,3 +44,12 @@ def create_engine(url: str, *, pool_size: int = 20) -> AsyncEngine:
 
 def session_factory(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
     return async_sessionmaker(engine, expire_on_commit=False)
+
+
+def read_session_factory(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
+    """Sessions on autocommit connections, for one read that needs no transaction around it:
+    one round trip on PostgreSQL instead of BEGIN, the query and ROLLBACK. Never for writes
+    that must stand or fall together."""
+    return async_sessionmaker(
+        engine.execution_options(isolation_level="AUTOCOMMIT"), expire_on_commit=False
+    )

@@ -124,7 +124,6 @@ COMPLETE_LLM_CALL = (
     .values({name: bindparam(f"v_{name}") for name in OUTCOME_FIELDS})
 )
 INSERT_LLM_CALL = insert(LLM_CALLS)
-INSERT_OUTBOX = insert(OUTBOX)
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,11 +242,6 @@ class LlmCallRepository:
 class OutboxRepository:
     def __init__(self, session: AsyncSession) -> None:
         self.session = session
-
-    async def add_all(self, rows: Sequence[OutboxRow]) -> None:
-        """In list order: ids (the relay's publish order) follow it."""
-        if rows:
-            await self.session.execute(INSERT_OUTBOX, [_column_values(r) for r in rows])
 
     async def for_event(
         self, event_id: str, *, generation: int | None = None
