@@ -18,7 +18,7 @@ from app.store.db import create_engine
 from app.store.decisions import Decision, DecisionStore
 from app.store.migrate import upgrade_head
 from app.store.models import EventRow, LlmCallRow, LlmCallStatus, OutboxRow, OutboxStatus
-from app.store.repository import LlmCallRepository, start_delivery
+from app.store.repository import OUTBOX, LlmCallRepository, start_delivery
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -116,7 +116,7 @@ def _decision(event_id: str, rows: list[OutboxRow], *, epoch: int = 3) -> Decisi
     )
 
 
-async def _state(engine: AsyncEngine, event_id: str) -> tuple[str, str, list[OutboxRow]]:
+async def _state(engine: AsyncEngine, event_id: str) -> tuple[str, str, list[Any]]:
     async with engine.connect() as connection:
         status = (
             await connection.execute(select(EventRow.status).where(EventRow.id == event_id))
@@ -128,7 +128,7 @@ async def _state(engine: AsyncEngine, event_id: str) -> tuple[str, str, list[Out
         ).scalar_one()
         rows = (
             await connection.execute(
-                select(OutboxRow).where(OutboxRow.event_id == event_id).order_by(OutboxRow.id)
+                select(OUTBOX).where(OUTBOX.c.event_id == event_id).order_by(OUTBOX.c.id)
             )
         ).all()
     return status, call, list(rows)
@@ -179,7 +179,7 @@ async def test_a_refused_row_stores_nothing_of_the_decision(engine: AsyncEngine)
     await _started(engine, "evt_5", epoch=3)
     async with engine.begin() as connection:
         await connection.execute(
-            OutboxRow.__table__.insert(),
+            OUTBOX.insert(),
             [
                 {"event_id": "evt_5", "source": "github", "seq": 0, "llm_call_id": "x"}
                 | {"tool": "t", "group_id": "g", "dedup_id": "taken", "body": "{}"}
