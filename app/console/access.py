@@ -65,9 +65,21 @@ def _pretty(value: Any) -> str:
     return orjson.dumps(value, option=orjson.OPT_INDENT_2, default=str).decode()
 
 
+def _pretty_text(value: str | None) -> str:
+    """Audit text that is JSON (Claude's content blocks, the prompt's messages) indented;
+    any other text as it is."""
+    if not value:
+        return ""
+    try:
+        return _pretty(orjson.loads(value))
+    except orjson.JSONDecodeError:
+        return value
+
+
 templates = Jinja2Templates(directory=HERE / "templates")
 templates.env.filters["when"] = _when
 templates.env.filters["pretty"] = _pretty
+templates.env.filters["pretty_text"] = _pretty_text
 
 
 def render(
