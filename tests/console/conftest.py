@@ -153,7 +153,7 @@ def inprocess_gateway(redis_url: str, redis_prefix: str, database_url: str) -> I
     """An ``api`` gateway in a thread; ``start(admin_token=...)`` gives its URL."""
     servers: list[ServerThread] = []
 
-    def start(*, admin_token: str | None = ADMIN_TOKEN) -> str:
+    def start(*, admin_token: str | None = ADMIN_TOKEN, **overrides: Any) -> str:
         settings = Settings(
             redis_url=redis_url,
             redis_prefix=redis_prefix,
@@ -162,6 +162,7 @@ def inprocess_gateway(redis_url: str, redis_prefix: str, database_url: str) -> I
             auto_migrate=False,
             partitions=4,
             log_format="json",
+            **overrides,
         )
         config = parse_config(gateway_config(None, secret=GITHUB_SECRET))
         server = ServerThread(create_app(settings, config, role="api")).__enter__()

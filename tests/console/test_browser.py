@@ -55,6 +55,8 @@ def test_an_operator_follows_an_event_and_replays_a_dead_letter(
     sent = _send(gateway, "acme/api")
     published = _settled(gateway, sent, "published")
     [tool] = published["tool_calls"]
+    assert published["payload"]["repository"]["full_name"] == "acme/api"
+    assert published["pipeline"] == "triage"
 
     page = offline.context.new_page()
     page.set_default_timeout(TIMEOUT_MS)
@@ -82,6 +84,8 @@ def test_an_operator_follows_an_event_and_replays_a_dead_letter(
     first_row.get_by_role("link", name=sent).click()
     expect(page).to_have_url(f"{gateway.url}/console/events/{sent}")
     expect(page.locator("h1")).to_contain_text("published")
+    expect(page.locator("dl.facts").first).to_contain_text(published["delivery_id"])
+    expect(page.locator("details pre").first).to_contain_text('"full_name": "acme/api"')
     attempt = page.locator("article.attempt").first
     expect(attempt).to_contain_text("claude-sonnet-4-6")
     expect(attempt.locator("pre.reply")).to_contain_text("Raising this with the team.")
