@@ -1,16 +1,15 @@
 """The operators' console at ``/console``, HTTP only: server-rendered pages over the admin
 service (events, an event's timeline, dead letters and their replay) and the health glance.
 
-Every page needs a signed-in session (a GET without one is sent to the sign-in form, a POST
-gets 401); every POST carries the session's CSRF token (403 without it). With no admin
-token the console is off and says so (503). Listings page by keyset cursors and never count.
+Every page needs a signed-in session and every POST the session's CSRF token (``gate.py``).
+Listings page by keyset cursors and never count.
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 from typing import Annotated
-from urllib.parse import quote, urlencode
+from urllib.parse import urlencode
 
 import structlog
 from fastapi import APIRouter, Path, Query, Request
@@ -19,6 +18,15 @@ from fastapi.responses import FileResponse, RedirectResponse, Response
 from app.admin.repository import DeadLetterFilter, EventFilter
 from app.admin.schemas import EventStatusName
 from app.console.access import STYLESHEET, console_access, current_session, read_form, render
+from app.console.gate import (
+    checked_post,
+    disabled,
+    drop_cookie,
+    gate,
+    refused,
+    safe_next,
+    set_cookie,
+)
 from app.console.session import (
     COOKIE_PATH,
     SESSION_COOKIE,
@@ -46,89 +54,6 @@ Filter = Annotated[str, Query(max_length=200, pattern=r"^[^\x00]*$")]
 Cursor = Annotated[str | None, Query(max_length=500)]
 
 
-def _refused(request: Request, status: int, title: str, detail: str) -> Response:
-    return render(
-        request,
-        "message.html",
-        {"title": title, "detail": detail},
-        session=current_session(request),
-        status_code=status,
-    )
-
-
-def _disabled(request: Request) -> Response:
-    return _refused(
-        request,
-        503,
-        "The console is off",
-        "The admin API is disabled: set EVENTGATE_ADMIN_TOKEN and restart the gateway, "
-        "then sign in here with that token.",
-    )
-
-
-def _gate(request: Request) -> Session | Response:
-    """The request's session, or the answer to give instead."""
-    if console_access(request).signer is None:
-        return _disabled(request)
-    session = current_session(request)
-    if session is not None:
-        return session
-    if request.method == "GET":
-        target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
-        return RedirectResponse(f"{COOKIE_PATH}/sign-in?next={quote(target)}", status_code=303)
-    return _refused(request, 401, "Sign in first", "This action needs a signed-in session.")
-
-
-async def _posted(request: Request) -> tuple[Session, dict[str, str]] | Response:
-    """A signed-in POST's session and form, once its CSRF token checks out."""
-    session = _gate(request)
-    if not isinstance(session, Session):
-        return session
-    form = await read_form(request)
-    if form is None:
-        return _refused(request, 413, "Form too large", "The form was larger than expected.")
-    signer = console_access(request).signer
-    if signer is None or not signer.csrf_matches(session, form.get("csrf")):
-        log.warning("console_csrf_refused", path=request.url.path)
-        return _refused(
-            request, 403, "Refused", "The form did not carry this session's CSRF token."
-        )
-    return session, form
-
-
-def _safe_next(value: str | None) -> str:
-    """Only a console page: never an open redirect to another site."""
-    if value and value.startswith(f"{COOKIE_PATH}/") and "//" not in value and "\\" not in value:
-        return value
-    return f"{COOKIE_PATH}/events"
-
-
-def _set_cookie(
-    response: Response, request: Request, name: str, value: str, *, max_age: int
-) -> None:
-    """HttpOnly, SameSite=Strict, only under /console; Secure when served over HTTPS."""
-    response.set_cookie(
-        name,
-        value,
-        max_age=max_age,
-        expires=max_age,  # for clients that ignore Max-Age
-        path=COOKIE_PATH,
-        httponly=True,
-        samesite="strict",
-        secure=request.url.scheme == "https",
-    )
-
-
-def _drop_cookie(response: Response, request: Request, name: str) -> None:
-    response.delete_cookie(
-        name,
-        path=COOKIE_PATH,
-        httponly=True,
-        samesite="strict",
-        secure=request.url.scheme == "https",
-    )
-
-
 @router.get("")
 @router.get("/")
 async def home() -> Response:
@@ -151,33 +76,33 @@ def _sign_in_form(
         session=None,
         status_code=status_code,
     )
-    _set_cookie(response, request, SIGN_IN_COOKIE, nonce, max_age=SIGN_IN_SECONDS)
+    set_cookie(response, request, SIGN_IN_COOKIE, nonce, max_age=SIGN_IN_SECONDS)
     return response
 
 
 @router.get("/sign-in")
 async def sign_in_page(request: Request, next: Filter = "") -> Response:
     if console_access(request).signer is None:
-        return _disabled(request)
+        return disabled(request)
     if current_session(request) is not None:
-        return RedirectResponse(_safe_next(next), status_code=303)
-    return _sign_in_form(request, next_url=_safe_next(next))
+        return RedirectResponse(safe_next(next), status_code=303)
+    return _sign_in_form(request, next_url=safe_next(next))
 
 
 @router.post("/sign-in")
 async def sign_in(request: Request) -> Response:
     access = console_access(request)
     if access.signer is None or not access.admin.token:
-        return _disabled(request)
+        return disabled(request)
     form = await read_form(request)
     if form is None:
-        return _refused(request, 413, "Form too large", "The form was larger than expected.")
+        return refused(request, 413, "Form too large", "The form was larger than expected.")
     if not sign_in_nonce_matches(request.cookies.get(SIGN_IN_COOKIE), form.get("csrf")):
         log.warning("console_csrf_refused", path=request.url.path)
-        return _refused(
+        return refused(
             request, 403, "Refused", "The sign-in form expired or did not come from here."
         )
-    next_url = _safe_next(form.get("next"))
+    next_url = safe_next(form.get("next"))
     if not token_matches(form.get("token", ""), access.admin.token):
         log.warning(
             "console_sign_in_refused", client=request.client.host if request.client else None
@@ -188,18 +113,18 @@ async def sign_in(request: Request) -> Response:
     log.info("console_signed_in", client=request.client.host if request.client else None)
     response = RedirectResponse(next_url, status_code=303)
     cookie = access.signer.issue()
-    _set_cookie(response, request, SESSION_COOKIE, cookie, max_age=access.signer.seconds)
-    _drop_cookie(response, request, SIGN_IN_COOKIE)
+    set_cookie(response, request, SESSION_COOKIE, cookie, max_age=access.signer.seconds)
+    drop_cookie(response, request, SIGN_IN_COOKIE)
     return response
 
 
 @router.post("/sign-out")
 async def sign_out(request: Request) -> Response:
-    posted = await _posted(request)
+    posted = await checked_post(request)
     if isinstance(posted, Response):
         return posted
     response = RedirectResponse(f"{COOKIE_PATH}/sign-in", status_code=303)
-    _drop_cookie(response, request, SESSION_COOKIE)
+    drop_cookie(response, request, SESSION_COOKIE)
     return response
 
 
@@ -222,7 +147,7 @@ async def events(
     since: Filter = "",
     cursor: Cursor = None,
 ) -> Response:
-    session = _gate(request)
+    session = gate(request)
     if not isinstance(session, Session):
         return session
     access = console_access(request)
@@ -234,7 +159,7 @@ async def events(
     try:
         window = await access.admin.service.event_window(flt, limit=PAGE_SIZE, cursor=cursor)
     except AppError as exc:
-        return _refused(request, exc.status_code, "Cannot list events", exc.message)
+        return refused(request, exc.status_code, "Cannot list events", exc.message)
     filters = {"status": flt.status or "", "source": source, "since": since}
     older = (
         f"?{urlencode({**filters, 'cursor': window.next_cursor})}" if window.next_cursor else None
@@ -255,13 +180,13 @@ async def events(
 async def event(
     request: Request, event_id: Annotated[str, Path(max_length=64, pattern=r"^[^\x00]*$")]
 ) -> Response:
-    session = _gate(request)
+    session = gate(request)
     if not isinstance(session, Session):
         return session
     try:
         detail = await console_access(request).admin.service.event(event_id)
     except AppError as exc:
-        return _refused(request, exc.status_code, "No such event", exc.message)
+        return refused(request, exc.status_code, "No such event", exc.message)
     return render(request, "event.html", {"event": detail}, session=session)
 
 
@@ -269,7 +194,7 @@ async def event(
 async def dead_letters(
     request: Request, show: Filter = "waiting", cursor: Cursor = None, replayed: int = 0
 ) -> Response:
-    session = _gate(request)
+    session = gate(request)
     if not isinstance(session, Session):
         return session
     flt = DeadLetterFilter(replayed=False if show == "waiting" else None)
@@ -277,7 +202,7 @@ async def dead_letters(
     try:
         window = await service.dead_letter_window(flt, limit=PAGE_SIZE, cursor=cursor)
     except AppError as exc:
-        return _refused(request, exc.status_code, "Cannot list dead letters", exc.message)
+        return refused(request, exc.status_code, "Cannot list dead letters", exc.message)
     older = (
         f"?{urlencode({'show': show, 'cursor': window.next_cursor})}"
         if window.next_cursor
@@ -291,13 +216,13 @@ async def dead_letters(
 async def replay(
     request: Request, dead_letter_id: Annotated[int, Path(ge=1, le=2**63 - 1)]
 ) -> Response:
-    posted = await _posted(request)
+    posted = await checked_post(request)
     if isinstance(posted, Response):
         return posted
     try:
         await console_access(request).admin.service.replay(dead_letter_id)
     except AppError as exc:
-        return _refused(request, exc.status_code, "Not replayed", exc.message)
+        return refused(request, exc.status_code, "Not replayed", exc.message)
     return RedirectResponse(
         f"{COOKIE_PATH}/dead-letters?show=all&replayed={dead_letter_id}", status_code=303
     )
@@ -305,7 +230,7 @@ async def replay(
 
 @router.get("/health")
 async def health(request: Request) -> Response:
-    session = _gate(request)
+    session = gate(request)
     if not isinstance(session, Session):
         return session
     glance = await console_access(request).glance.read()

@@ -233,3 +233,25 @@ async def test_console_listings_never_count_rows(
     [window_sql, *api_sql] = statements
     assert "count(" not in window_sql
     assert any("count(" in sql for sql in api_sql)
+
+
+@pytest.mark.parametrize(
+    ("next_url", "landing"),
+    [
+        ("/console/dead-letters?show=all", "/console/dead-letters?show=all"),
+        ("https://elsewhere.example/", "/console/events"),
+        ("//elsewhere.example/console/", "/console/events"),
+        ("/console/..//elsewhere.example", "/console/events"),
+    ],
+)
+def test_sign_in_returns_only_to_a_console_page(
+    inprocess_gateway: Any, next_url: str, landing: str
+) -> None:
+    with httpx.Client(base_url=inprocess_gateway()) as client:
+        form = client.get("/console/sign-in")
+        reply = client.post(
+            "/console/sign-in",
+            data={"token": ADMIN_TOKEN, "csrf": csrf_of(form.text), "next": next_url},
+        )
+        assert reply.status_code == 303
+        assert reply.headers["location"] == landing
