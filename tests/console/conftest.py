@@ -55,16 +55,20 @@ def _reset_logging() -> Iterator[None]:
     structlog.reset_defaults()
 
 
-@pytest.fixture
-def browser() -> Iterator[Browser]:
-    """One per test, and asked for after the gateway fixtures: while Playwright's sync API is
-    open its event loop counts as running in this thread, so fixtures that call
-    ``asyncio.run`` (the database's) must have run before."""
+def require_chromium() -> None:
     if not CHROMIUM.exists():
         why = f"{CHROMIUM} is missing (apt-get install chromium)"
         if os.environ.get("CI"):
             pytest.fail(f"browser tests cannot run: {why}")
         pytest.skip(f"browser tests need Debian's Chromium: {why}")
+
+
+@pytest.fixture
+def browser() -> Iterator[Browser]:
+    """One per test, and asked for after the gateway fixtures: while Playwright's sync API is
+    open its event loop counts as running in this thread, so fixtures that call
+    ``asyncio.run`` (the database's) must have run before."""
+    require_chromium()
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:

@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 import httpx
+import pytest
 from playwright.sync_api import expect
 
 from tests.console.conftest import (
@@ -16,10 +17,17 @@ from tests.console.conftest import (
     GITHUB_SECRET,
     OfflineContext,
     RunningGateway,
+    require_chromium,
 )
 from tests.support import github_request, issue_payload
 
 TIMEOUT_MS = 15_000
+
+
+@pytest.fixture(autouse=True)
+def _chromium() -> None:
+    """Before any gateway starts: autouse fixtures come first."""
+    require_chromium()
 
 
 def _send(gateway: RunningGateway, repo: str) -> str:

@@ -20,7 +20,8 @@ from app.console.session import SESSION_SECONDS, SessionSigner
 from app.queue.streams import EventQueue
 from app.store.db import create_engine, session_factory
 from app.store.models import DeadLetterRow, EventRow
-from tests.console.conftest import ADMIN_TOKEN, csrf_of, sign_in
+from tests.console.conftest import ADMIN_TOKEN, GITHUB_SECRET, csrf_of, sign_in
+from tests.support import github_request, issue_payload
 
 GET_ROUTES = [
     "/console/events",
@@ -255,3 +256,22 @@ def test_sign_in_returns_only_to_a_console_page(
         )
         assert reply.status_code == 303
         assert reply.headers["location"] == landing
+
+
+def test_an_event_no_worker_has_stored_yet_shows_as_queued(inprocess_gateway: Any) -> None:
+    """The ``api`` role runs no worker: the event stays on the Redis stream only."""
+    url = inprocess_gateway()
+    body, headers = github_request(GITHUB_SECRET, issue_payload("acme/queued", 1))
+    sent = httpx.post(f"{url}/v1/webhooks/github", content=body, headers=headers)
+    assert sent.status_code == 202
+    event_id = sent.json()["event_id"]
+    with httpx.Client(base_url=url) as client:
+        assert sign_in(client).status_code == 303
+        assert event_id not in client.get("/console/events").text
+        page = client.get(f"/console/events/{event_id}")
+        assert page.status_code == 200
+        assert "waiting for a worker" in page.text
+        assert 'class="status s-queued"' in page.text
+        missing = client.get("/console/events/evt_nobody")
+        assert missing.status_code == 404
+        assert "no event" in missing.text
