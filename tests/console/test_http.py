@@ -43,6 +43,9 @@ def test_every_page_and_action_needs_a_session(inprocess_gateway: Any) -> None:
     url = inprocess_gateway()
     other = SessionSigner("another-token-entirely-0000").issue()
     expired = SessionSigner(ADMIN_TOKEN, seconds=-1).issue()
+    home = httpx.get(f"{url}/console")
+    assert home.status_code == 303
+    assert home.headers["location"] == "/console/events"
     for cookie in (None, "forged.0.abc", other, expired):
         cookies = {"eventgate_console": cookie} if cookie else {}
         with httpx.Client(base_url=url, cookies=cookies) as client:
@@ -275,3 +278,32 @@ def test_an_event_no_worker_has_stored_yet_shows_as_queued(inprocess_gateway: An
         missing = client.get("/console/events/evt_nobody")
         assert missing.status_code == 404
         assert "no event" in missing.text
+
+
+async def test_a_dead_letter_is_replayed_once_from_the_console(
+    inprocess_gateway: Any, sessions: async_sessionmaker[AsyncSession]
+) -> None:
+    [row] = _events(1)  # evt_0000, dead_lettered
+    async with sessions() as session:
+        session.add(row)
+        await session.flush()
+        session.add(DeadLetterRow(event_id=row.id, stage="llm", reason="BadRequestError: 400"))
+        await session.commit()
+    async with httpx.AsyncClient(base_url=inprocess_gateway()) as client:
+        form = await client.get("/console/sign-in")
+        await client.post(
+            "/console/sign-in", data={"token": ADMIN_TOKEN, "csrf": csrf_of(form.text)}
+        )
+        listed = await client.get("/console/dead-letters")
+        assert "BadRequestError: 400" in listed.text
+        token = csrf_of(listed.text)
+        replay = await client.post("/console/dead-letters/1/replay", data={"csrf": token})
+        assert replay.status_code == 303
+        assert replay.headers["location"] == "/console/dead-letters?show=all&replayed=1"
+        after = await client.get(replay.headers["location"])
+        assert "Dead letter 1 was replayed" in after.text
+        waiting = await client.get("/console/dead-letters")
+        assert "BadRequestError: 400" not in waiting.text
+        again = await client.post("/console/dead-letters/1/replay", data={"csrf": token})
+        assert again.status_code == 409
+        assert "already replayed" in again.text
