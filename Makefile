@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install run test lint typecheck check bench image-check fake-claude clean
+.PHONY: install run test lint typecheck check bench image-check fake-claude screenshots clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,9 @@ bench: $(STAMP)
 
 fake-claude: $(STAMP)  ## a fake Messages API on :8787 for trying the gateway without a key
 	$(BIN)/python -m eventgate_dev.fake_anthropic --port 8787
+
+screenshots: $(STAMP)  ## the console's pages in headless Chromium, into docs/console/*.png
+	$(BIN)/python -m tests.console.screenshots
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache eventgate.db*

@@ -8,6 +8,10 @@ in-flight events finish within the grace period, stops the loops and closes ever
 Where a webhook enters: ``Gateway.__call__`` hands ``POST /v1/webhooks/{source}`` to the
 ``WebhookEntry`` the lifespan built, before FastAPI's middleware and routing; the FastAPI
 route of the same path (which the OpenAPI schema documents) calls the same entry.
+
+``/docs`` and ``/redoc`` serve their scripts and styles from the installed package
+(``app/api_docs.py``), not from a CDN; ``/console`` is the operators' console
+(``app/console/``), in the roles that serve the admin API.
 """
 
 from __future__ import annotations
@@ -21,7 +25,9 @@ from fastapi import FastAPI
 from starlette.types import Receive, Scope, Send
 
 from app.admin.router import router as admin_router
+from app.api_docs import install_offline_docs
 from app.config import GatewayConfig, load_config
+from app.console.router import router as console_router
 from app.errors import install_error_handlers
 from app.ingest.router import WebhookEntry, webhook_source
 from app.ingest.router import router as ingest_router
@@ -74,6 +80,7 @@ def create_app(
             if running.api is not None:
                 app.state.webhooks = app.webhook_entry = running.api.webhooks
                 app.state.admin = running.api.admin
+                app.state.console = running.api.console
             start(running)
             if after_startup is not None:
                 after_startup()
@@ -97,10 +104,14 @@ def create_app(
         description="Verified webhooks in; Claude's tool calls out to SNS FIFO, in order, "
         "once; every LLM call audited.",
         lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
     )
+    install_offline_docs(app)
     install_error_handlers(app)
     app.include_router(health_router)
     if role in ("serve", "api"):
         app.include_router(ingest_router)
         app.include_router(admin_router)
+        app.include_router(console_router)
     return app

@@ -4,7 +4,8 @@ import time.
 
 - every role: the database engine (migrated first when ``EVENTGATE_AUTO_MIGRATE``), Redis, the
   queue, the backlog monitor, the supervisor, and readiness (Redis, database, loops);
-- ``api``: the ingest service and its webhook entry, the admin API;
+- ``api``: the ingest service and its webhook entry, the admin API and the console (its
+  health page reads the breakers, rate limits and budgets that the workers share in Redis);
 - ``worker``: when a Claude provider is configured, the decide stage and the queue worker;
   when a tool has a topic, the SNS client and the outbox relay; retention.
 """
@@ -27,13 +28,24 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.admin.deps import AdminAccess
 from app.admin.service import AdminService
 from app.config import GatewayConfig
-from app.decide.wiring import bedrock_client, build_processor, wants_bedrock
+from app.console.access import ConsoleAccess
+from app.console.glance import HealthGlance
+from app.decide.wiring import (
+    bedrock_client,
+    breaker_policy,
+    build_processor,
+    model_limits,
+    wants_bedrock,
+)
 from app.ingest.budget import BodyBudget
 from app.ingest.collapse import AlertCollapser
 from app.ingest.router import WebhookEntry
 from app.ingest.service import IngestService
+from app.llm.breaker import CircuitBreaker
+from app.llm.budget import BudgetLedger
 from app.llm.client import ClaudeClient
 from app.llm.health import LlmHealth
+from app.llm.ratelimit import RateLimiter
 from app.observability.health import Health, succeeds
 from app.observability.logging import configure_logging
 from app.publish.coordination import PublishedMemory, RelayLease
@@ -142,6 +154,7 @@ def _build_api(shared: Shared, deps: AdapterDeps | None) -> ApiParts:
         sources=shared.config.sources,
         marker_ttl_ms=settings.dedup_window_seconds * 1000,
     )
+    access = AdminAccess(token=settings.admin_token, service=admin)
     return ApiParts(
         ingest=ingest,
         webhooks=WebhookEntry(
@@ -149,7 +162,26 @@ def _build_api(shared: Shared, deps: AdapterDeps | None) -> ApiParts:
             budget=BodyBudget(settings.ingest_buffer_bytes),
             read_seconds=settings.body_read_timeout_seconds,
         ),
-        admin=AdminAccess(token=settings.admin_token, service=admin),
+        admin=access,
+        console=ConsoleAccess.build(admin=access, glance=_health_glance(shared, admin)),
+    )
+
+
+def _health_glance(shared: Shared, admin: AdminService) -> HealthGlance:
+    """Readers of what the workers share in Redis (the same keys as theirs), for the
+    console's health page; building them connects to nothing."""
+    settings, redis, prefix = shared.settings, shared.redis, shared.settings.redis_prefix
+    return HealthGlance(
+        health=shared.health,
+        backlog=shared.backlog,
+        redis=redis,
+        prefix=prefix,
+        partitions=settings.partitions,
+        config=shared.config,
+        breaker=CircuitBreaker(redis, prefix=prefix, policy=breaker_policy(settings)),
+        limiter=RateLimiter(redis, prefix=prefix, limits=model_limits(settings, shared.config)),
+        budgets=BudgetLedger(redis, prefix=prefix),
+        admin=admin,
     )
 
 

@@ -11,6 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from app.admin.deps import AdminAccess
 from app.config import GatewayConfig
+from app.console.access import ConsoleAccess
 from app.decide.processor import EventProcessor
 from app.ingest.router import WebhookEntry
 from app.ingest.service import IngestService
@@ -42,11 +43,12 @@ class Shared:
 
 @dataclass
 class ApiParts:
-    """``api`` and ``serve``: where webhooks enter, and the admin API."""
+    """``api`` and ``serve``: where webhooks enter, the admin API and the console."""
 
     ingest: IngestService
     webhooks: WebhookEntry
     admin: AdminAccess
+    console: ConsoleAccess
 
 
 @dataclass

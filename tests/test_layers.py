@@ -6,7 +6,17 @@ import ast
 from pathlib import Path
 
 APP = Path(__file__).resolve().parents[1] / "app"
-STAGES = ("ingest", "queue", "decide", "llm", "publish", "store", "admin", "observability")
+STAGES = (
+    "ingest",
+    "queue",
+    "decide",
+    "llm",
+    "publish",
+    "store",
+    "admin",
+    "observability",
+    "console",
+)
 # Nothing under a stage imports these: they build and hold the whole app.
 FACTORY = ("app.main", "app.roles", "app.state", "app.cli", "app.serving")
 # Stages that run after ingest never reach back into it.

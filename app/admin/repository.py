@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, and_, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.store.models import DeadLetterRow, EventRow, LlmCallRow
+from app.store.models import DeadLetterRow, EventRow, LlmCallRow, OutboxRow, OutboxStatus
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,9 +52,15 @@ class AdminRepository:
         self.session = session
 
     async def events(
-        self, flt: EventFilter, *, limit: int, after: tuple[datetime, str] | None
-    ) -> tuple[Sequence[EventRow], int]:
-        """A page of events (newest ``received_at`` first) and the total matching."""
+        self,
+        flt: EventFilter,
+        *,
+        limit: int,
+        after: tuple[datetime, str] | None,
+        count: bool = True,
+    ) -> tuple[Sequence[EventRow], int | None]:
+        """A page of events (newest ``received_at`` first) and the total matching (None
+        without ``count``)."""
         conditions = []
         if flt.status is not None:
             conditions.append(EventRow.status == flt.status)
@@ -62,7 +68,7 @@ class AdminRepository:
             conditions.append(EventRow.source == flt.source)
         if flt.since is not None:
             conditions.append(EventRow.received_at >= flt.since)
-        total = await self._count(EventRow, conditions)
+        total = await self._count(EventRow, conditions) if count else None
         query = select(EventRow).where(*conditions)
         if after is not None:
             query = query.where(_before(EventRow.received_at, EventRow.id, after))
@@ -94,8 +100,8 @@ class AdminRepository:
         return (await self.session.scalars(query)).all(), total
 
     async def dead_letters(
-        self, flt: DeadLetterFilter, *, limit: int, after: int | None
-    ) -> tuple[Sequence[DeadLetterRow], int]:
+        self, flt: DeadLetterFilter, *, limit: int, after: int | None, count: bool = True
+    ) -> tuple[Sequence[DeadLetterRow], int | None]:
         conditions: list[ColumnElement[bool]] = []
         if flt.event_id is not None:
             conditions.append(DeadLetterRow.event_id == flt.event_id)
@@ -104,7 +110,7 @@ class AdminRepository:
         if flt.replayed is not None:
             replayed = DeadLetterRow.replayed_at
             conditions.append(replayed.is_not(None) if flt.replayed else replayed.is_(None))
-        total = await self._count(DeadLetterRow, conditions)
+        total = await self._count(DeadLetterRow, conditions) if count else None
         query = select(DeadLetterRow).where(*conditions)
         if after is not None:
             query = query.where(DeadLetterRow.id < after)
@@ -116,6 +122,17 @@ class AdminRepository:
             select(func.count()).select_from(table).where(*conditions)
         )
         return int(result or 0)
+
+    async def outbox_pending(self, *, cap: int) -> tuple[int, datetime | None]:
+        """Tool calls waiting for SNS, counted up to ``cap`` (a relay down for a day must not
+        make the count read the whole table), and when the oldest was stored."""
+        pending = OutboxRow.status == OutboxStatus.PENDING
+        ids = select(OutboxRow.id).where(pending).limit(cap).subquery()
+        count = await self.session.scalar(select(func.count()).select_from(ids))
+        oldest = await self.session.scalar(
+            select(OutboxRow.created_at).where(pending).order_by(OutboxRow.id).limit(1)
+        )
+        return int(count or 0), oldest
 
     async def dead_letter(self, dead_letter_id: int, *, lock: bool = False) -> DeadLetterRow | None:
         return await self.session.get(DeadLetterRow, dead_letter_id, with_for_update=lock)

@@ -16,13 +16,19 @@ T = TypeVar("T")
 EventStatusName = Literal["queued", "processing", "published", "no_action", "dead_lettered"]
 
 
-class Page(BaseModel, Generic[T]):
-    """One page of a listing, newest first. ``total`` counts every match of the filters;
-    pass ``next_cursor`` back as ``cursor`` for the next page (null on the last one)."""
+class Window(BaseModel, Generic[T]):
+    """One page of a listing, newest first, without a count (the console's: as fast with a
+    million rows as with ten); pass ``next_cursor`` back as ``cursor`` for the next page
+    (null on the last one)."""
 
     items: list[T]
-    total: int
     next_cursor: str | None
+
+
+class Page(Window[T], Generic[T]):
+    """A ``Window`` with ``total``, the count of every match of the filters."""
+
+    total: int
 
 
 class TimelineEntry(BaseModel):
@@ -53,6 +59,12 @@ class EventSummary(BaseModel):
 
 
 class EventDetail(EventSummary):
+    # What the sender's headers said (delivery id, event type) and the payload as stored
+    # (redacted at ingest unless EVENTGATE_PAYLOAD_REDACTION=off).
+    delivery_id: str | None = None
+    pipeline: str | None = None
+    deliveries: int = 0
+    payload: dict[str, Any] | None = None
     timeline: list[TimelineEntry]
     llm_calls: list[dict[str, Any]]
     tool_calls: list[dict[str, Any]]

@@ -8,6 +8,7 @@ reset (on PostgreSQL it waits for the lock) and a failed XADD leaves the dead le
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import datetime
 from typing import TypeVar
 
 import structlog
@@ -31,6 +32,7 @@ from app.admin.schemas import (
     Page,
     ReplayAccepted,
     TimelineEntry,
+    Window,
 )
 from app.errors import QueueUnavailable
 from app.events import EventStatus, make_event
@@ -74,6 +76,10 @@ class AdminService:
             dead = await DeadLetterRepository(session).for_event(event_id)
         return EventDetail(
             **views.summary(row).model_dump(),
+            delivery_id=row.delivery_id,
+            pipeline=row.pipeline,
+            deliveries=row.deliveries,
+            payload=row.payload,
             timeline=views.timeline(row, calls=calls, outbox=outbox, dead_letters=dead),
             llm_calls=[views.llm_call(c) for c in calls],
             tool_calls=[views.tool_call(o) for o in outbox],
@@ -104,9 +110,22 @@ class AdminService:
     async def events(
         self, flt: EventFilter, *, limit: int, cursor: str | None
     ) -> Page[EventSummary]:
+        window, total = await self._event_rows(flt, limit=limit, cursor=cursor, count=True)
+        return _counted(window, total)
+
+    async def event_window(
+        self, flt: EventFilter, *, limit: int, cursor: str | None
+    ) -> Window[EventSummary]:
+        """``events`` without the count (the console's listing)."""
+        window, _ = await self._event_rows(flt, limit=limit, cursor=cursor, count=False)
+        return window
+
+    async def _event_rows(
+        self, flt: EventFilter, *, limit: int, cursor: str | None, count: bool
+    ) -> tuple[Window[EventSummary], int | None]:
         after = decode_time_cursor(cursor)
-        return await self._page(
-            lambda repo: repo.events(flt, limit=limit, after=after),
+        return await self._window(
+            lambda repo: repo.events(flt, limit=limit, after=after, count=count),
             render=views.summary,
             cursor_of=lambda row: time_cursor(row.received_at, row.id),
             limit=limit,
@@ -116,41 +135,62 @@ class AdminService:
         self, flt: LlmCallFilter, *, limit: int, cursor: str | None
     ) -> Page[dict[str, object]]:
         after = decode_time_cursor(cursor)
-        return await self._page(
+        window, total = await self._window(
             lambda repo: repo.llm_calls(flt, limit=limit, after=after),
             render=views.llm_call,
             cursor_of=lambda row: time_cursor(row.created_at, row.id),
             limit=limit,
         )
+        return _counted(window, total)
 
     async def dead_letters(
         self, flt: DeadLetterFilter, *, limit: int, cursor: str | None
     ) -> Page[DeadLetterOut]:
+        window, total = await self._dead_letter_rows(flt, limit=limit, cursor=cursor, count=True)
+        return _counted(window, total)
+
+    async def dead_letter_window(
+        self, flt: DeadLetterFilter, *, limit: int, cursor: str | None
+    ) -> Window[DeadLetterOut]:
+        """``dead_letters`` without the count (the console's listing)."""
+        window, _ = await self._dead_letter_rows(flt, limit=limit, cursor=cursor, count=False)
+        return window
+
+    async def _dead_letter_rows(
+        self, flt: DeadLetterFilter, *, limit: int, cursor: str | None, count: bool
+    ) -> tuple[Window[DeadLetterOut], int | None]:
         after = decode_id_cursor(cursor)
-        return await self._page(
-            lambda repo: repo.dead_letters(flt, limit=limit, after=after),
+        return await self._window(
+            lambda repo: repo.dead_letters(flt, limit=limit, after=after, count=count),
             render=views.dead_letter,
             cursor_of=lambda row: id_cursor(row.id),
             limit=limit,
         )
 
-    async def _page(
+    async def outbox_pending(self, *, cap: int) -> tuple[int, datetime | None]:
+        """Tool calls not yet published (counted up to ``cap``) and the oldest one's time."""
+        async with self.sessions() as session:
+            count, oldest = await AdminRepository(session).outbox_pending(cap=cap)
+        return count, as_utc(oldest) if oldest is not None else None
+
+    async def _window(
         self,
-        fetch: Callable[[AdminRepository], Awaitable[tuple[Sequence[R], int]]],
+        fetch: Callable[[AdminRepository], Awaitable[tuple[Sequence[R], int | None]]],
         *,
         render: Callable[[R], T],
         cursor_of: Callable[[R], str],
         limit: int,
-    ) -> Page[T]:
-        """One page of a listing; the next page starts after the last row of a full one."""
+    ) -> tuple[Window[T], int | None]:
+        """One page of a listing and its total (when counted); the next page starts after
+        the last row of a full one."""
         async with self.sessions() as session:
             rows, total = await fetch(AdminRepository(session))
         last = rows[-1] if rows and len(rows) == limit else None
-        return Page(
+        window: Window[T] = Window(
             items=[render(row) for row in rows],
-            total=total,
             next_cursor=cursor_of(last) if last is not None else None,
         )
+        return window, total
 
     async def replay(self, dead_letter_id: int) -> ReplayAccepted:
         """Send the dead letter's event through the pipeline again, as a new generation."""
@@ -203,3 +243,7 @@ class AdminService:
         return ReplayAccepted(
             dead_letter_id=dead_letter_id, event_id=event.id, generation=event.generation
         )
+
+
+def _counted(window: Window[T], total: int | None) -> Page[T]:
+    return Page(items=window.items, next_cursor=window.next_cursor, total=total or 0)

@@ -100,6 +100,18 @@ class Reservation:
     output_tokens: int
 
 
+@dataclass(frozen=True, slots=True)
+class Headroom:
+    """What a model's shared buckets hold now, per minute-limit (None: no local limit in that
+    dimension), and how long every process is held back from it (0: not held)."""
+
+    limits: ModelLimits
+    requests: float | None
+    input_tokens: float | None
+    output_tokens: float | None
+    held_seconds: float
+
+
 def estimate_input_tokens(request: Mapping[str, Any]) -> int:
     """About 3.5 characters per token over the JSON the API receives; errs high on purpose."""
     return int(len(orjson.dumps(request)) / 3.5) + 1
@@ -116,6 +128,7 @@ class RateLimiter:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         max_hold_seconds: float = 60.0,
     ) -> None:
+        self.redis = redis
         self.prefix = prefix
         self.limits = limits
         self.clock = clock
@@ -143,6 +156,29 @@ class RateLimiter:
             LLM_RATE_WAIT.labels(model=model).inc(wait)
             await self.sleep(min(wait, self.max_hold))
         return Reservation(model, input_tokens, output_tokens)
+
+    async def headroom(self, model: str) -> Headroom:
+        """Read only: the buckets as the acquire script would refill them now."""
+        raw = await self.redis.hgetall(self.key(model))
+        fields = {_str(k): float(_str(v)) for k, v in raw.items()}
+        now = self.clock()
+        lim = self.limits(model)
+
+        def level(name: str, cap: int) -> float | None:
+            if cap <= 0:
+                return None
+            if name not in fields:
+                return float(cap)
+            elapsed = max(0.0, now - fields.get(f"{name}_ts", now))
+            return min(float(cap), fields[name] + elapsed * cap / 60.0)
+
+        return Headroom(
+            limits=lim,
+            requests=level("r", lim.requests),
+            input_tokens=level("i", lim.input_tokens),
+            output_tokens=level("o", lim.output_tokens),
+            held_seconds=max(0.0, fields.get("hold", 0.0) - now),
+        )
 
     async def settle(
         self,
@@ -186,6 +222,10 @@ class RateLimiter:
                 hold = max(hold, until)
         args.append(hold)
         await self._adjust(keys=[self.key(model)], args=args)
+
+
+def _str(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def _int(value: str | None) -> int | None:

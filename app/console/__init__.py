@@ -1,0 +1,1 @@
+"""The operators' console at ``/console``: server-rendered pages over the admin service."""
