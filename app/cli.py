@@ -181,8 +181,22 @@ def repartition(
 
 @app.command("check-config")
 def check_config(config: ConfigOpt = None) -> None:
-    """Validate the config and print its sources, pipelines and tools."""
-    _, parsed = _load(config)
+    """Validate the config: every error at once (exit 2), unknown models as warnings; then
+    print its sources, pipelines and tools."""
+    from app.llm.pricing import unknown_models
+
+    settings = Settings(config=config)
+    try:
+        parsed = load_config(settings.config)
+    except ConfigError as exc:
+        for error in exc.errors:
+            typer.echo(error, err=True)
+        count = len(exc.errors)
+        where = settings.config or "built-in example config"
+        typer.echo(f"{where}: invalid ({count} error{'s' if count != 1 else ''})", err=True)
+        raise typer.Exit(2) from None
+    for warning in unknown_models(parsed):
+        typer.echo(f"warning: {warning}", err=True)
     typer.echo(f"config: {config or 'built-in example'}")
     typer.echo("sources:")
     for name, source in parsed.sources.items():
