@@ -1,9 +1,10 @@
-"""``eventgate`` command line: serve, api, worker, migrate, check-config."""
+"""``eventgate`` command line: serve, api, worker, migrate, check-config, events."""
 
 from __future__ import annotations
 
 import ctypes
 import gc
+from importlib import metadata
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -11,6 +12,7 @@ import structlog
 import typer
 import uvicorn
 
+from app.client.commands import events
 from app.config import ConfigError, GatewayConfig, load_config
 from app.observability.logging import configure_logging
 from app.secret_policy import development_keys, refusal
@@ -22,6 +24,24 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
+app.add_typer(events, name="events")
+
+
+def _version(show: bool) -> None:
+    if show:
+        typer.echo(f"eventgate {metadata.version('eventgate')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="print the version"),
+    ] = False,
+) -> None:
+    """eventgate: verified webhooks → Claude tool calls → SNS FIFO."""
+
 
 ConfigOpt = Annotated[
     Path | None,
@@ -181,8 +201,9 @@ def repartition(
 
 @app.command("check-config")
 def check_config(config: ConfigOpt = None) -> None:
-    """Validate the config: every error at once (exit 2), unknown models as warnings; then
-    print its sources, pipelines and tools."""
+    """Validate the config and print its sources, pipelines and tools.
+
+    Every error is printed, one per line (exit code 2); an unknown model is a warning."""
     from app.llm.pricing import unknown_models
 
     settings = Settings(config=config)
