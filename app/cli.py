@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
 from importlib import metadata
@@ -15,6 +16,7 @@ import uvicorn
 from app.client.commands import events
 from app.config import ConfigError, GatewayConfig, load_config
 from app.observability.logging import configure_logging
+from app.ready import GatewayServer
 from app.secret_policy import development_keys, refusal
 from app.serving import http_protocol
 from app.settings import Settings
@@ -87,18 +89,29 @@ def _serve(
         )
     pin_mmap_threshold()
     application = create_app(settings, gateway_config, role=role, after_startup=tune_gc)
-    uvicorn.run(
-        application,
-        host=host,
-        port=port,
-        log_level="warning",
-        access_log=False,
-        timeout_graceful_shutdown=int(settings.shutdown_grace_seconds),
-        # Limits on what a client can hold before any request is verified (app/serving.py);
-        # the connection limit is the protocol's own (a JSON 503), not uvicorn's.
-        http=http_protocol(settings),
-        timeout_keep_alive=settings.keep_alive_seconds,
+    server = GatewayServer(
+        uvicorn.Config(
+            application,
+            host=host,
+            port=port,
+            log_level="warning",
+            access_log=False,
+            timeout_graceful_shutdown=int(settings.shutdown_grace_seconds),
+            # Limits on what a client can hold before any request is verified
+            # (app/serving.py); the connection limit is the protocol's own (a JSON 503).
+            http=http_protocol(settings),
+            timeout_keep_alive=settings.keep_alive_seconds,
+        ),
+        role=role,
     )
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run()
+    if not server.started:
+        raise typer.Exit(STARTUP_FAILURE)
+
+
+# uvicorn.run's exit code when the app's startup or the bind failed.
+STARTUP_FAILURE = 3
 
 
 GC_YOUNG_THRESHOLD = 20_000
