@@ -3,6 +3,7 @@ HTTP, moto SNS), and the one-line errors a person gets when something is off."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import time
@@ -124,6 +125,7 @@ def test_list_and_show_a_decided_event(gateway: str) -> None:
     assert attempt.split("│")[2:4] == [" claude-sonnet-4-6 ", " ok     "]
     (audit,) = api["llm_calls"]
     assert f"{audit['input_tokens']}/40" in attempt
+    assert f"${audit['cost_usd']:.6f}" in attempt
     assert "#0 publishAlert" in out
     assert f"published, SNS message id {call['sns_message_id']}" in out
     assert call["sns_message_id"]
@@ -134,6 +136,8 @@ def test_list_and_show_a_decided_event(gateway: str) -> None:
     assert any(line.split() == ["group", "id", call["group_id"]] for line in out.splitlines())
     assert any(line.split() == ["dedup", "id", call["dedup_id"]] for line in out.splitlines())
     assert TOKEN not in shown.output
+    as_json = run("events", "show", event_id, *auth, "--json")
+    assert orjson.loads(as_json.stdout)["tool_calls"][0]["dedup_id"] == call["dedup_id"]
 
 
 def test_tail_prints_new_events_as_they_come(gateway: str) -> None:
@@ -160,6 +164,26 @@ def test_tail_prints_new_events_as_they_come(gateway: str) -> None:
     assert lines[0].split()[2] == before
     assert {line.split()[2] for line in lines[1:]} == set(sent)
     assert all("github  issues.opened  acme/tail" in line for line in lines)
+
+
+def test_tail_stops_quietly_on_ctrl_c(gateway_factory: GatewayFactory) -> None:
+    with gateway_factory(admin_token=TOKEN) as server:
+        tail = subprocess.Popen(
+            [sys.executable, "-m", "app", "events", "tail", "--url", server.url],
+            env={"PATH": "/usr/bin:/bin", "EVENTGATE_ADMIN_TOKEN": TOKEN},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert tail.stderr is not None
+            assert "watching" in tail.stderr.readline()
+            tail.send_signal(signal.SIGINT)
+            out, err = tail.communicate(timeout=30)
+        finally:
+            tail.kill()
+    assert tail.returncode == 0
+    assert (out, err) == ("", "")
 
 
 @pytest.mark.parametrize(
