@@ -98,6 +98,8 @@ def said(result: Result) -> list[str]:
 
 
 def test_list_and_show_a_decided_event(gateway: str) -> None:
+    older = send(gateway, "acme/older", 1)
+    wait_published(gateway, older)
     event_id = send(gateway, "acme/cli", 1)
     api = wait_published(gateway, event_id)
     (call,) = api["tool_calls"]
@@ -107,13 +109,20 @@ def test_list_and_show_a_decided_event(gateway: str) -> None:
     assert listed.exit_code == 0, listed.output
     (row,) = [line for line in listed.stdout.splitlines() if event_id in line]
     assert row.split()[-4:] == ["github", "issues.opened", "acme/cli", "published"]
-    assert "1 of 1 events" in listed.stdout
+    assert older in listed.stdout
+    assert "2 of 2 events" in listed.stdout
+    newest = run("events", "list", *auth, "--limit", "1")
+    assert event_id in newest.stdout
+    assert older not in newest.stdout
+    assert "1 of 2 events, newest first (more: raise --limit)" in newest.stdout
     other = run("events", "list", *auth, "--status", "no_action")
     assert other.exit_code == 0
     assert event_id not in other.stdout
     assert "no events" in other.stdout
     as_json = run("events", "list", *auth, "--source", "github", "--json")
-    assert [item["event_id"] for item in orjson.loads(as_json.stdout)["items"]] == [event_id]
+    listed_ids = [item["event_id"] for item in orjson.loads(as_json.stdout)["items"]]
+    assert listed_ids == [event_id, older]
+    assert "no events" in run("events", "list", *auth, "--source", "alerts").stdout
 
     shown = run("events", "show", event_id, *auth)
     assert shown.exit_code == 0, shown.output
