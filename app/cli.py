@@ -1,9 +1,11 @@
-"""``eventgate`` command line: serve, api, worker, migrate, check-config."""
+"""``eventgate`` command line: serve, api, worker, migrate, check-config, events."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
+from importlib import metadata
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -11,8 +13,10 @@ import structlog
 import typer
 import uvicorn
 
+from app.client.commands import events
 from app.config import ConfigError, GatewayConfig, load_config
 from app.observability.logging import configure_logging
+from app.ready import GatewayServer
 from app.secret_policy import development_keys, refusal
 from app.serving import http_protocol
 from app.settings import Settings
@@ -22,6 +26,24 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
+app.add_typer(events, name="events")
+
+
+def _version(show: bool) -> None:
+    if show:
+        typer.echo(f"eventgate {metadata.version('eventgate')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="print the version"),
+    ] = False,
+) -> None:
+    """eventgate: verified webhooks → Claude tool calls → SNS FIFO."""
+
 
 ConfigOpt = Annotated[
     Path | None,
@@ -67,18 +89,29 @@ def _serve(
         )
     pin_mmap_threshold()
     application = create_app(settings, gateway_config, role=role, after_startup=tune_gc)
-    uvicorn.run(
-        application,
-        host=host,
-        port=port,
-        log_level="warning",
-        access_log=False,
-        timeout_graceful_shutdown=int(settings.shutdown_grace_seconds),
-        # Limits on what a client can hold before any request is verified (app/serving.py);
-        # the connection limit is the protocol's own (a JSON 503), not uvicorn's.
-        http=http_protocol(settings),
-        timeout_keep_alive=settings.keep_alive_seconds,
+    server = GatewayServer(
+        uvicorn.Config(
+            application,
+            host=host,
+            port=port,
+            log_level="warning",
+            access_log=False,
+            timeout_graceful_shutdown=int(settings.shutdown_grace_seconds),
+            # Limits on what a client can hold before any request is verified
+            # (app/serving.py); the connection limit is the protocol's own (a JSON 503).
+            http=http_protocol(settings),
+            timeout_keep_alive=settings.keep_alive_seconds,
+        ),
+        role=role,
     )
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run()
+    if not server.started:
+        raise typer.Exit(STARTUP_FAILURE)
+
+
+# uvicorn.run's exit code when the app's startup or the bind failed.
+STARTUP_FAILURE = 3
 
 
 GC_YOUNG_THRESHOLD = 20_000
@@ -181,8 +214,23 @@ def repartition(
 
 @app.command("check-config")
 def check_config(config: ConfigOpt = None) -> None:
-    """Validate the config and print its sources, pipelines and tools."""
-    _, parsed = _load(config)
+    """Validate the config and print its sources, pipelines and tools.
+
+    Every error is printed, one per line (exit code 2); an unknown model is a warning."""
+    from app.llm.pricing import unknown_models
+
+    settings = Settings(config=config)
+    try:
+        parsed = load_config(settings.config)
+    except ConfigError as exc:
+        for error in exc.errors:
+            typer.echo(error, err=True)
+        count = len(exc.errors)
+        where = settings.config or "built-in example config"
+        typer.echo(f"{where}: invalid ({count} error{'s' if count != 1 else ''})", err=True)
+        raise typer.Exit(2) from None
+    for warning in unknown_models(parsed):
+        typer.echo(f"warning: {warning}", err=True)
     typer.echo(f"config: {config or 'built-in example'}")
     typer.echo("sources:")
     for name, source in parsed.sources.items():

@@ -20,10 +20,12 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidatorFunctionWrapHandler,
     field_validator,
     model_validator,
 )
 
+from app.config_rules import Problem, validate_with_rules, value_of
 from app.declared_keys import Unfilterable, check_readable
 from app.source_config import SourceConfig
 
@@ -141,39 +143,52 @@ class GatewayConfig(_Strict):
     tools: dict[str, ToolConfig] = Field(min_length=1)
     models: dict[str, ModelConfig] = Field(default_factory=dict)
 
-    @model_validator(mode="after")
-    def _references(self) -> GatewayConfig:
-        errors: list[str] = []
-        for kind, names in (
-            ("sources", self.sources),
-            ("pipelines", self.pipelines),
-            ("tools", self.tools),
-        ):
-            errors += [
-                f"{kind}.{n}: name must match [A-Za-z0-9_-]{{1,64}}"
-                for n in names
-                if not _NAME.match(n)
-            ]
-        for name, source in self.sources.items():
-            if source.pipeline not in self.pipelines:
-                errors.append(f"sources.{name}.pipeline: unknown pipeline {source.pipeline!r}")
-        for name, pipeline in self.pipelines.items():
-            for tool in pipeline.tools:
-                if tool not in self.tools:
-                    errors.append(f"pipelines.{name}.tools: unknown tool {tool!r}")
-        if errors:
-            raise ValueError("; ".join(errors))
-        return self
+    @model_validator(mode="wrap")
+    @classmethod
+    def _references(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> GatewayConfig:
+        config: GatewayConfig = validate_with_rules(
+            data, handler, rules=_reference_rules, title=cls.__name__
+        )
+        return config
 
 
-def _interpolate(node: Any, path: str, env: dict[str, str], errors: list[str]) -> Any:
+def _reference_rules(data: dict[Any, Any], failed: frozenset[str]) -> list[Problem]:
+    """Names, and what the sections name of each other (checked whatever else is wrong)."""
+    sections = {
+        kind: data[kind]
+        for kind in ("sources", "pipelines", "tools")
+        if isinstance(data.get(kind), dict)
+    }
+    problems: list[Problem] = [
+        ((kind, str(name)), "name must match [A-Za-z0-9_-]{1,64}")
+        for kind, blocks in sections.items()
+        for name in blocks
+        if not _NAME.match(str(name))
+    ]
+    pipelines, tools = sections.get("pipelines"), sections.get("tools")
+    for name, source in sections.get("sources", {}).items():
+        pipeline = value_of(source, "pipeline")
+        if pipelines is not None and isinstance(pipeline, str) and pipeline not in pipelines:
+            problems.append((("sources", str(name), "pipeline"), f"unknown pipeline {pipeline!r}"))
+    for name, pipeline in (pipelines or {}).items():
+        offered = value_of(pipeline, "tools")
+        if tools is None or not isinstance(offered, list):
+            continue
+        problems += [
+            (("pipelines", str(name), "tools"), f"unknown tool {tool!r}")
+            for tool in offered
+            if isinstance(tool, str) and tool not in tools
+        ]
+    return problems
+
+
+def _interpolate(
+    node: Any, loc: tuple[str, ...], env: dict[str, str], unset: UnsetVariables
+) -> Any:
     if isinstance(node, dict):
-        return {
-            k: _interpolate(v, f"{path}.{k}" if path else str(k), env, errors)
-            for k, v in node.items()
-        }
+        return {k: _interpolate(v, (*loc, str(k)), env, unset) for k, v in node.items()}
     if isinstance(node, list):
-        return [_interpolate(v, f"{path}[{i}]", env, errors) for i, v in enumerate(node)]
+        return [_interpolate(v, (*loc, str(i)), env, unset) for i, v in enumerate(node)]
     if not isinstance(node, str):
         return node
 
@@ -183,31 +198,65 @@ def _interpolate(node: Any, path: str, env: dict[str, str], errors: list[str]) -
             return env[name]
         if default is not None:
             return default
-        errors.append(f"{path}: environment variable {name} is not set")
+        unset.setdefault(loc, []).append(name)
         return ""
 
     return _ENV_REF.sub(substitute, node)
 
 
-def parse_config(text: str, *, env: dict[str, str] | None = None) -> GatewayConfig:
+# Where a ``${VAR}`` without a default named a variable that is not set, and which.
+UnsetVariables = dict[tuple[str, ...], list[str]]
+
+
+def parse_config(
+    text: str, *, env: dict[str, str] | None = None, origin: str = "config"
+) -> GatewayConfig:
+    """Every error of the file at once, each naming its key (or, for YAML syntax, ``origin``
+    with the line and column). A key whose variable is not set reports that, not also the
+    empty value it was validated with."""
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError([f"not valid YAML: {exc}"]) from exc
+        raise ConfigError([_yaml_error(exc, origin)]) from None
     if not isinstance(raw, dict):
         raise ConfigError(["the config must be a mapping with sources, pipelines and tools"])
-    errors: list[str] = []
-    data = _interpolate(raw, "", dict(os.environ) if env is None else env, errors)
-    if errors:
-        raise ConfigError(errors)
+    unset: UnsetVariables = {}
+    data = _interpolate(raw, (), dict(os.environ) if env is None else env, unset)
+    errors = [
+        f"{_path(loc)}: environment variable {name} is not set"
+        for loc, names in unset.items()
+        for name in names
+    ]
     try:
-        return GatewayConfig.model_validate(data)
+        config = GatewayConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError([_describe(e) for e in exc.errors()]) from None
+        errors += [_describe(e) for e in exc.errors() if _location(e) not in unset]
+    else:
+        if not errors:
+            return config
+    raise ConfigError(errors)
+
+
+def _yaml_error(exc: yaml.YAMLError, origin: str) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    where = f"{origin}:{mark.line + 1}:{mark.column + 1}" if mark is not None else origin
+    problem = getattr(exc, "problem", None) or str(exc)
+    context = getattr(exc, "context", None)
+    return f"{where}: not valid YAML: {f'{context}: ' if context else ''}{problem}"
+
+
+def _location(error: Any) -> tuple[str, ...]:
+    return tuple(str(p) for p in error["loc"] if not str(p).startswith("function-"))
+
+
+def _path(loc: tuple[str, ...]) -> str:
+    return "".join(
+        f"[{p}]" if p.isdigit() and i else f"{'.' if i else ''}{p}" for i, p in enumerate(loc)
+    )
 
 
 def _describe(error: Any) -> str:
-    loc = ".".join(str(p) for p in error["loc"] if not str(p).startswith("function-"))
+    loc = ".".join(_location(error))
     msg = str(error["msg"]).removeprefix("Value error, ")
     return f"{loc}: {msg}" if loc else msg
 
@@ -219,9 +268,9 @@ def builtin_config_text() -> str:
 def load_config(path: Path | None, *, env: dict[str, str] | None = None) -> GatewayConfig:
     """Load ``path``, or the built-in example config when ``path`` is None."""
     if path is None:
-        return parse_config(builtin_config_text(), env=env)
+        return parse_config(builtin_config_text(), env=env, origin="built-in example config")
     try:
         text = path.read_text()
     except OSError as exc:
         raise ConfigError([f"cannot read {path}: {exc.strerror}"]) from exc
-    return parse_config(text, env=env)
+    return parse_config(text, env=env, origin=str(path))

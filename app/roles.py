@@ -314,6 +314,27 @@ async def stop(running: Running) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(processing.worker.shutdown(), grace)
     await running.shared.supervisor.stop_all()
+    await _warn_of_lost_events(running.shared)
+
+
+async def _warn_of_lost_events(shared: Shared) -> None:
+    """``memory://`` keeps the queue inside this process: whatever is still on it (queued,
+    or started and not acked) is gone once the process exits."""
+    if not shared.settings.redis_url.startswith("memory://"):
+        return
+    try:
+        depth, _ = await shared.queue.backlog()
+    except (RedisError, OSError) as exc:
+        log.warning("queue_unmeasured_at_exit", error=type(exc).__name__)
+        return
+    if depth:
+        log.warning(
+            "queued_events_lost",
+            events=depth,
+            redis="memory://",
+            detail=f"{depth} queued event(s) were not processed and are lost with this process;"
+            " set EVENTGATE_REDIS_URL to a Redis server to keep them across restarts",
+        )
 
 
 async def _check_layout(queue: EventQueue) -> None:

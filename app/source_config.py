@@ -16,7 +16,7 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-from typing import TYPE_CHECKING, Literal, Self
+from typing import TYPE_CHECKING, Any, Literal, Self
 
 from pydantic import (
     BaseModel,
@@ -24,9 +24,12 @@ from pydantic import (
     Field,
     SecretStr,
     ValidationInfo,
+    ValidatorFunctionWrapHandler,
     field_validator,
     model_validator,
 )
+
+from app.config_rules import Problem, validate_with_rules, value_of
 
 if TYPE_CHECKING:
     from app.sources.base import SourceKind
@@ -197,23 +200,41 @@ class SourceConfig(_Strict):
                 )
         return value
 
-    @model_validator(mode="after")
-    def _keys_for_type(self) -> Self:
-        kind = _kinds()[self.type]
-        unused = sorted(k for k in self.model_fields_set if k not in COMMON_KEYS | kind.keys)
-        if unused:
-            raise ValueError(f"{', '.join(unused)}: not used by a '{self.type}' source")
-        if not any(_present(getattr(self, key)) for key in kind.needs):
-            raise ValueError(f"a '{self.type}' source needs {' or '.join(map(repr, kind.needs))}")
-        if self.collapse and not kind.alert_fingerprints and not self.collapse.fingerprint:
-            raise ValueError(f"collapse.fingerprint: needed for a '{self.type}' source")
-        return self
+    @model_validator(mode="wrap")
+    @classmethod
+    def _keys_for_type(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> Self:
+        source: Self = validate_with_rules(data, handler, rules=_type_rules, title=cls.__name__)
+        return source
 
     def secrets(self) -> list[str]:
         return self.secret.get_secret_value().split() if self.secret else []
 
     def tokens(self) -> list[str]:
         return self.token.get_secret_value().split() if self.token else []
+
+
+def _type_rules(data: dict[Any, Any], failed: frozenset[str]) -> list[Problem]:
+    """What the source's ``type`` asks of its other keys, every problem at once."""
+    kind = _kinds().get(data["type"]) if isinstance(data.get("type"), str) else None
+    if kind is None or "type" in failed:
+        return []  # the type's own error says it
+    name = data["type"]
+    used = COMMON_KEYS | kind.keys
+    problems: list[Problem] = [
+        ((key,), f"not used by a '{name}' source")
+        for key in sorted(k for k in data if k in SourceConfig.model_fields and k not in used)
+    ]
+    if failed.isdisjoint(kind.needs) and not any(_present(data.get(k)) for k in kind.needs):
+        problems.append(((), f"a '{name}' source needs {' or '.join(map(repr, kind.needs))}"))
+    collapse = data.get("collapse")
+    if (
+        collapse
+        and "collapse" not in failed
+        and not kind.alert_fingerprints
+        and not value_of(collapse, "fingerprint")
+    ):
+        problems.append((("collapse", "fingerprint"), f"needed for a '{name}' source"))
+    return problems
 
 
 def _whsec_key(secret: str, which: str) -> bytes:

@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import random
 import re
+import socket
 import threading
 import time
 import uuid
@@ -239,6 +240,19 @@ class FakeAnthropicServer:
         self.thread.join(timeout=5)
 
 
+class AnnouncedServer(uvicorn.Server):
+    """Says where the fake listens, and what to export, once its socket is bound."""
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if not self.started or self.should_exit:
+            return
+        port = self.servers[0].sockets[0].getsockname()[1]
+        url = f"http://{self.config.host}:{port}"
+        print(f"fake Claude (Anthropic Messages API) is up on {url}", flush=True)
+        print(f"point eventgate at it: export ANTHROPIC_BASE_URL={url}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
@@ -247,7 +261,10 @@ def main() -> None:
     parser.add_argument("--jitter", type=float, default=0.0)
     args = parser.parse_args()
     behaviour = FakeBehaviour(latency=args.latency, jitter=args.jitter)
-    uvicorn.run(build_app(behaviour), host=args.host, port=args.port, log_level="warning")
+    config = uvicorn.Config(
+        build_app(behaviour), host=args.host, port=args.port, log_level="warning"
+    )
+    AnnouncedServer(config).run()
 
 
 if __name__ == "__main__":

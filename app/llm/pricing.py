@@ -91,3 +91,19 @@ class PriceTable:
             + usage.cache_read_input_tokens * price.cache_read
         )
         return round(micro / 1_000_000, 8)
+
+
+def unknown_models(config: GatewayConfig) -> list[str]:
+    """Warnings for the pipelines' models that have no price, built in or configured: a typo
+    in a model id is caught before Claude refuses it, a new model is still allowed (its cost
+    counts as 0 until ``models.<id>.price`` is set)."""
+    table = PriceTable.from_config(config)
+    warnings = []
+    for name, pipeline in config.pipelines.items():
+        for key, model in (("model", pipeline.model), ("fallback_model", pipeline.fallback_model)):
+            if model is not None and table.price_of(model) is None:
+                warnings.append(
+                    f"pipelines.{name}.{key}: unknown model {model!r} (not in the price table;"
+                    f" its cost counts as 0): check the id, or set models.{model}.price"
+                )
+    return warnings

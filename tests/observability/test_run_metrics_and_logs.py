@@ -109,4 +109,6 @@ def test_a_run_moves_the_metrics_and_logs_no_secret(
     assert len(decided) == 2
     assert all({"event_id", "source", "partition"} <= set(line) for line in decided)
     assert {line["source"] for line in decided} == {"github"}
+    # The line names the tools Claude called (the fake calls the first tool offered).
+    assert [line["tools"] for line in decided] == [["publishAlert"], ["publishAlert"]]
     assert any(line["event"] == "admin_unauthorized" for line in lines)

@@ -1,0 +1,1 @@
+"""A client of a running gateway's admin API, for the ``eventgate events`` commands."""

@@ -1,0 +1,165 @@
+"""The admin API over HTTP, with each failure turned into one sentence a person can act on.
+
+AdminApiError              every failure; ``str()`` is the one line the CLI prints
+├── GatewayUnreachable     connection refused, DNS, timeout
+├── TokenRefused           401: no token, or not the gateway's
+├── AdminDisabled          503 AdminDisabled: the gateway runs without EVENTGATE_ADMIN_TOKEN
+├── EventNotFound          404 on an event id
+└── UnexpectedAnswer       any other status, or a body that is not the admin API's JSON
+
+The token goes only into the ``Authorization`` header: no message here contains it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+
+
+class AdminApiError(Exception):
+    pass
+
+
+class GatewayUnreachable(AdminApiError):
+    pass
+
+
+class TokenRefused(AdminApiError):
+    pass
+
+
+class AdminDisabled(AdminApiError):
+    pass
+
+
+class EventNotFound(AdminApiError):
+    pass
+
+
+class UnexpectedAnswer(AdminApiError):
+    pass
+
+
+class AdminClient:
+    """``transport`` replaces the network (tests); the CLI uses the default one."""
+
+    def __init__(
+        self,
+        *,
+        url: str,
+        token: str | None,
+        timeout: float = 10.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self._has_token = bool(token)
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(
+            base_url=self.url, headers=headers, timeout=timeout, transport=transport
+        )
+
+    def __enter__(self) -> AdminClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._http.close()
+
+    def events(
+        self,
+        *,
+        status: str | None = None,
+        source: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> dict[str, Any]:
+        """One page of ``GET /v1/events``: ``items`` newest first, ``total``, ``next_cursor``."""
+        params = {"status": status, "source": source, "limit": limit, "cursor": cursor}
+        page: dict[str, Any] = self._get(
+            "/v1/events", {k: v for k, v in params.items() if v is not None}
+        )
+        return page
+
+    def event(self, event_id: str) -> dict[str, Any]:
+        """``GET /v1/events/{id}``: the event, its timeline, LLM attempts and tool calls."""
+        event: dict[str, Any] = self._get(f"/v1/events/{quote(event_id, safe='')}", {}, event_id)
+        return event
+
+    def _get(self, path: str, params: dict[str, Any], event_id: str | None = None) -> Any:
+        try:
+            reply = self._http.get(path, params=params)
+        except httpx.TimeoutException:
+            raise GatewayUnreachable(
+                f"the gateway at {self.url} did not answer within {self._http.timeout.read}s"
+            ) from None
+        except httpx.HTTPError as exc:
+            raise GatewayUnreachable(
+                f"cannot reach the gateway at {self.url} ({_reason(exc)}): is it running?"
+                " Set --url or EVENTGATE_URL"
+            ) from None
+        if reply.is_success:
+            try:
+                return reply.json()
+            except ValueError:
+                raise UnexpectedAnswer(
+                    f"{self.url} answered {path} with something that is not JSON:"
+                    " is --url an eventgate gateway?"
+                ) from None
+        raise self._failure(reply, event_id)
+
+    def _failure(self, reply: httpx.Response, event_id: str | None) -> AdminApiError:
+        error, detail = _error_of(reply)
+        if reply.status_code == 401:
+            if not self._has_token:
+                return TokenRefused(
+                    "the admin API needs a token: set --token or EVENTGATE_ADMIN_TOKEN"
+                    " (the gateway's EVENTGATE_ADMIN_TOKEN)"
+                )
+            return TokenRefused(
+                f"the gateway at {self.url} refused the admin token (401): use the value of"
+                " the gateway's EVENTGATE_ADMIN_TOKEN"
+            )
+        if reply.status_code == 503 and error == "AdminDisabled":
+            return AdminDisabled(
+                f"the admin API of {self.url} is off: start the gateway with"
+                " EVENTGATE_ADMIN_TOKEN set"
+            )
+        if reply.status_code == 404 and event_id is not None and error == "EventNotFound":
+            return EventNotFound(f"no event {event_id!r} at {self.url}")
+        if reply.status_code == 404:
+            return UnexpectedAnswer(
+                f"{self.url} has no admin API (404 on {reply.request.url.path}): point --url at"
+                " an `eventgate serve` or `eventgate api` process"
+            )
+        name = f" {error}" if error else ""
+        said = f": {detail}" if detail else ""
+        return UnexpectedAnswer(f"{self.url} answered {reply.status_code}{name}{said}")
+
+
+def _error_of(reply: httpx.Response) -> tuple[str | None, str | None]:
+    """The ``{"error", "detail"}`` of an error answer (None for a body that is not one)."""
+    try:
+        body = reply.json()
+    except ValueError:
+        return None, None
+    if not isinstance(body, dict):
+        return None, None
+    error, detail = body.get("error"), body.get("detail")
+    return (
+        error if isinstance(error, str) else None,
+        detail if isinstance(detail, str) else None,
+    )
+
+
+def _reason(exc: httpx.HTTPError) -> str:
+    if isinstance(exc, httpx.ConnectError):
+        text = str(exc).lower()
+        if "refused" in text:
+            return "connection refused"
+        if "name or service" in text or "nodename" in text or "resolution" in text:
+            return "unknown host"
+        return "cannot connect"
+    return type(exc).__name__
