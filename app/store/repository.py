@@ -118,6 +118,41 @@ OUTCOME_FIELDS = (
     "cost_usd",
     "response_text",
 )
+
+
+def _pending(*, skipping: bool) -> Any:
+    """The relay's fetch (``OutboxRepository.pending``), built once: the relay runs it every
+    poll, and building it per call cost more CPU than running it."""
+    conditions = [OUTBOX.c.status == OutboxStatus.PENDING, OUTBOX.c.topic_arn.is_not(None)]
+    if skipping:
+        conditions.append(OUTBOX.c.group_id.not_in(bindparam("skip_groups", expanding=True)))
+    ranked = (
+        select(
+            OUTBOX.c.id,
+            func.row_number()
+            .over(partition_by=OUTBOX.c.group_id, order_by=OUTBOX.c.id)
+            .label("rank"),
+        )
+        .where(*conditions)
+        .subquery()
+    )
+    # Chosen by (rank, id) before the join, so only the chosen rows are read whole.
+    chosen = (
+        select(ranked.c.id, ranked.c.rank)
+        .where(ranked.c.rank <= bindparam("per_group"))
+        .order_by(ranked.c.rank, ranked.c.id)
+        .limit(bindparam("limit"))
+        .subquery()
+    )
+    return (
+        select(OutboxRow)
+        .join(chosen, OutboxRow.id == chosen.c.id)
+        .order_by(chosen.c.rank, chosen.c.id)
+    )
+
+
+PENDING = _pending(skipping=False)
+PENDING_SKIPPING = _pending(skipping=True)
 COMPLETE_LLM_CALL = (
     update(LLM_CALLS)
     .where(LLM_CALLS.c.id == bindparam("call_id"))
@@ -265,32 +300,10 @@ class OutboxRepository:
         backoff the caller skips, never keep another group's head out of the result. The
         ranking reads (id, group_id) only, so its sort holds no message bodies.
         """
-        conditions = [OUTBOX.c.status == OutboxStatus.PENDING, OUTBOX.c.topic_arn.is_not(None)]
+        params: dict[str, Any] = {"limit": limit, "per_group": per_group}
         if skip_groups:
-            conditions.append(OUTBOX.c.group_id.not_in(skip_groups))
-        ranked = (
-            select(
-                OUTBOX.c.id,
-                func.row_number()
-                .over(partition_by=OUTBOX.c.group_id, order_by=OUTBOX.c.id)
-                .label("rank"),
-            )
-            .where(*conditions)
-            .subquery()
-        )
-        # Chosen by (rank, id) before the join, so only the chosen rows are read whole.
-        chosen = (
-            select(ranked.c.id, ranked.c.rank)
-            .where(ranked.c.rank <= per_group)
-            .order_by(ranked.c.rank, ranked.c.id)
-            .limit(limit)
-            .subquery()
-        )
-        result = await self.session.scalars(
-            select(OutboxRow)
-            .join(chosen, OutboxRow.id == chosen.c.id)
-            .order_by(chosen.c.rank, chosen.c.id)
-        )
+            params["skip_groups"] = list(skip_groups)
+        result = await self.session.scalars(PENDING_SKIPPING if skip_groups else PENDING, params)
         return result.all()
 
     async def mark_published(self, published: Sequence[tuple[int, str, str | None]]) -> None:
