@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,21 +12,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.events import EventStatus
 from app.store.db import create_engine, session_factory
-from app.store.migrate import upgrade_head
 from app.store.models import EventRow, OutboxRow, OutboxStatus
 from app.store.repository import EventRepository, OutboxRepository, start_delivery
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        sqlite_url = f"sqlite+aiosqlite:///{tmp_path / 'repo.db'}"
-        upgrade_head(sqlite_url)
-        return sqlite_url
-    found: str = request.getfixturevalue("database_url")
-    if not found.startswith("postgresql"):
-        pytest.skip("PostgreSQL is not reachable here (SQLite was tested)")
-    return found
 
 
 @pytest.fixture

@@ -1,0 +1,21 @@
+"""A migrated database for the store's tests: SQLite, and PostgreSQL when reachable."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from app.store.migrate import upgrade_head
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        sqlite_url = f"sqlite+aiosqlite:///{tmp_path / 'store.db'}"
+        upgrade_head(sqlite_url)
+        return sqlite_url
+    found: str = request.getfixturevalue("database_url")
+    if not found.startswith("postgresql"):
+        pytest.skip("PostgreSQL is not reachable here (SQLite was tested)")
+    return found
