@@ -152,7 +152,6 @@ def _build_api(shared: Shared, deps: AdapterDeps | None) -> ApiParts:
         sessions=shared.sessions,
         queue=queue,
         sources=shared.config.sources,
-        marker_ttl_ms=settings.dedup_window_seconds * 1000,
     )
     access = AdminAccess(token=settings.admin_token, service=admin)
     return ApiParts(

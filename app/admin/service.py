@@ -59,12 +59,10 @@ class AdminService:
         sessions: async_sessionmaker[AsyncSession],
         queue: EventQueue,
         sources: Mapping[str, SourceConfig],
-        marker_ttl_ms: int,
     ) -> None:
         self.sessions = sessions
         self.queue = queue
         self.sources = sources
-        self.marker_ttl_ms = marker_ttl_ms
 
     async def event(self, event_id: str) -> EventDetail:
         async with self.sessions() as session:
@@ -227,7 +225,7 @@ class AdminService:
                 generation=row.replays,
             )
             try:
-                partition = await requeue_event(self.queue, event, marker_ttl_ms=self.marker_ttl_ms)
+                partition = await requeue_event(self.queue, event)
             except (RedisError, OSError) as exc:
                 await session.rollback()
                 raise QueueUnavailable("the event queue is unreachable; retry later") from exc

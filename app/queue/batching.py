@@ -3,7 +3,7 @@
 Each request calls ``enqueue`` and awaits its own ``EnqueueResult``. Whatever arrived while
 the previous round trip was in flight (or in the same event-loop turn) goes out together. The
 Lua script keeps the single-event guarantees per event — dedup check (a signed request's
-digest included), XADD, dedup keys and queued marker in one atomic step (it is
+digest included), XADD, dedup keys and queued set in one atomic step (it is
 ``streams.ENQUEUE``, the script ``EventQueue.enqueue`` runs for one event). On one Redis the
 whole batch is one call of it. In a Redis Cluster (``EventQueue.cluster``) a call may only
 touch keys of one partition (one hash tag): one call per partition touched, all sent in one

@@ -1,8 +1,8 @@
 """Put a stored event back on its partition stream, bypassing the delivery dedup.
 
 Used by an operator replay: the original delivery id is still in the dedup window, so the
-ingest path (``EventQueue.enqueue``) would answer "duplicate". The entry and the queued
-marker share the partition's hash tag, so one MULTI/EXEC writes both (Cluster-safe).
+ingest path (``EventQueue.enqueue``) would answer "duplicate". The entry and the
+partition's queued set share its hash tag, so one MULTI/EXEC writes both (Cluster-safe).
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from app.events import Event
 from app.queue.streams import EventQueue
 
 
-async def requeue_event(queue: EventQueue, event: Event, *, marker_ttl_ms: int) -> int:
+async def requeue_event(queue: EventQueue, event: Event) -> int:
     """XADD ``event`` to the partition of its group key; returns the partition."""
     partition = queue.partition_of(event.group_key)
     async with queue.redis.pipeline(transaction=True) as pipe:
         pipe.xadd(queue.stream_key(partition), {"e": event.to_bytes()})
-        pipe.set(queue.queued_marker_key(partition, event.id), b"1", px=marker_ttl_ms)
+        pipe.hset(queue.queued_key(partition), event.id, b"")
         await pipe.execute()
     return partition

@@ -26,12 +26,13 @@ GROUP = b"eventgate"
 
 # Dedup and enqueue in one atomic step, for one event or a batch (the one enqueue script: the
 # batched ingest path and ``EventQueue.enqueue`` both run it). Per event, in call order:
-# KEYS: dedup key, second dedup key, stream key, queued marker;
+# KEYS: dedup key, second dedup key, stream key, the partition's queued set;
 # ARGV: event id, window (ms), event bytes.
 # An event is a duplicate when either dedup key holds an event id (the first one's is
-# answered); else it is XADDed and both keys, and the queued marker (for the admin API,
-# until the worker has stored it), are set. An event without a second identity passes its
-# dedup key twice. A 2xx is only sent once the XADD has happened.
+# answered); else it is XADDed, both keys are set and the event id joins the partition's
+# queued set (a hash, for the admin API, until the worker has stored it and acked). An event
+# without a second identity passes its dedup key twice. A 2xx is only sent once the XADD has
+# happened.
 # The second dedup key is the source-wide replay key (``replays.py``) on one Redis; in a Redis
 # Cluster, where a call may only touch one partition's keys, the partition's own (the
 # source-wide claim is then taken first, in a round trip of its own).
@@ -54,7 +55,7 @@ for i = 0, #KEYS / 4 - 1 do
     redis.call('XADD', KEYS[k + 3], '*', 'e', ARGV[a + 3])
     redis.call('SET', KEYS[k + 1], ARGV[a + 1], 'PX', ARGV[a + 2])
     redis.call('SET', KEYS[k + 2], ARGV[a + 1], 'PX', ARGV[a + 2])
-    redis.call('SET', KEYS[k + 4], '1', 'PX', ARGV[a + 2])
+    redis.call('HSET', KEYS[k + 4], ARGV[a + 1], '')
     out[#out + 1] = 1
     out[#out + 1] = ARGV[a + 1]
   end
@@ -65,12 +66,13 @@ return out
 BY_DELIVERY, CREATED, BY_REPLAY = 0, 1, 2
 
 # Fenced ack: a worker whose lease tenure ended (ARGV[3] no longer the lease value) cannot ack.
-# The entry's failure count (KEYS[4]) goes with it.
+# The event leaves the partition's queued set (KEYS[2]) and the entry's failure count
+# (KEYS[4]) goes with it.
 _ACK = """
 if ARGV[3] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[3] then return 0 end
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
 redis.call('XDEL', KEYS[1], ARGV[2])
-redis.call('DEL', KEYS[2])
+redis.call('HDEL', KEYS[2], ARGV[4])
 redis.call('HDEL', KEYS[4], ARGV[2])
 return 1
 """
@@ -152,7 +154,15 @@ class EventQueue:
         digest = hashlib.sha256(f"{source}\0{replay_id}".encode()).hexdigest()[:32]
         return f"{self.prefix}:{{p{partition}}}:signed:{digest}"
 
-    def queued_marker_key(self, partition: int, event_id: str) -> str:
+    def queued_key(self, partition: int) -> str:
+        """Hash of the partition's event ids on the stream and not yet acked: one field per
+        event (about 70 bytes in Redis, a key of its own with a TTL costs three times that),
+        and it lasts exactly as long as its entry."""
+        return f"{self.prefix}:{{p{partition}}}:queued"
+
+    def old_queued_marker_key(self, partition: int, event_id: str) -> str:
+        """Where a gateway before the queued hash marked an event (a key with the dedup
+        window as TTL); still read, so events queued across an upgrade are found."""
         return f"{self.prefix}:{{p{partition}}}:queued:{event_id}"
 
     def enqueue_keys(self, partition: int, entry: NewEntry) -> tuple[str, str, str, str]:
@@ -167,14 +177,14 @@ class EventQueue:
             second = self.replay_key(partition, entry.source, replay)
         else:
             second = self.replays.claim_key(entry.source, replay)
-        queued = self.queued_marker_key(partition, entry.event_id)
-        return dedup, second, self.stream_key(partition), queued
+        return dedup, second, self.stream_key(partition), self.queued_key(partition)
 
     async def is_queued(self, event_id: str) -> bool:
         """True while the event is on a stream and not yet stored by a worker."""
         async with self.redis.pipeline(transaction=False) as pipe:
             for partition in range(self.partitions):
-                pipe.exists(self.queued_marker_key(partition, event_id))
+                pipe.hexists(self.queued_key(partition), event_id)
+                pipe.exists(self.old_queued_marker_key(partition, event_id))
             found = await pipe.execute()
         return any(found)
 
@@ -309,11 +319,11 @@ class EventQueue:
         result = await self._ack(
             keys=[
                 self.stream_key(entry.partition),
-                self.queued_marker_key(entry.partition, event_id),
+                self.queued_key(entry.partition),
                 partition_lease_key(self.prefix, entry.partition),
                 self.failures_key(entry.partition),
             ],
-            args=[GROUP, entry.entry_id, token or ""],
+            args=[GROUP, entry.entry_id, token or "", event_id],
         )
         return bool(result)
 

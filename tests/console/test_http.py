@@ -213,7 +213,7 @@ async def test_console_listings_never_count_rows(
         )
         await session.commit()
     queue = EventQueue(redis, prefix=redis_prefix, partitions=4)
-    service = AdminService(sessions=sessions, queue=queue, sources={}, marker_ttl_ms=1)
+    service = AdminService(sessions=sessions, queue=queue, sources={})
     statements: list[str] = []
 
     def record(*args: Any) -> None:
