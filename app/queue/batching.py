@@ -29,7 +29,15 @@ from typing import Any, Protocol
 from redis.exceptions import NoScriptError
 
 from app.queue.replays import Claim, ReplayInFlight
-from app.queue.streams import BY_REPLAY, CREATED, ENQUEUE, EnqueueResult, EventQueue, NewEntry
+from app.queue.streams import (
+    BY_REPLAY,
+    CREATED,
+    ENQUEUE,
+    EnqueueResult,
+    EventQueue,
+    NewEntry,
+    pack_entry,
+)
 
 
 class EventEnqueuer(Protocol):
@@ -67,7 +75,7 @@ class EnqueueBatcher:
             _Pending(
                 partition=partition,
                 keys=queue.enqueue_keys(partition, entry),
-                args=(entry.event_id, entry.dedup_window_ms, entry.data),
+                args=(entry.event_id, entry.dedup_window_ms, pack_entry(entry.data)),
                 claim=queue.claim_of(entry),
                 future=future,
             )

@@ -30,6 +30,7 @@ from app.ingest.bounds import (
     bounded_key,
 )
 from app.main import create_app
+from app.queue.streams import unpack_entry
 from app.settings import Settings
 from app.store.db import create_engine
 from app.store.models import EventRow
@@ -85,7 +86,7 @@ def _queued(settings: Settings) -> dict[str, Event]:
             key = f"{settings.redis_prefix}:{{p{partition}}}:stream"
             entries: list[Any] = client.xrange(key)  # type: ignore[assignment]
             for _, fields in entries:
-                event = Event.from_bytes(fields[b"e"])
+                event = Event.from_bytes(unpack_entry(fields[b"e"]))
                 events[event.id] = event
     finally:
         client.close()

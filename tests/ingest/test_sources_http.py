@@ -16,6 +16,7 @@ import redis
 
 from app.config import GatewayConfig, parse_config
 from app.main import create_app
+from app.queue.streams import unpack_entry
 from app.settings import Settings
 from app.sources.base import AdapterDeps
 from tests.sources_support import CERT_URL, FakeSnsHttp, SnsSigner, payload
@@ -89,7 +90,7 @@ def stream_entries(redis_url: str, prefix: str) -> list[dict[str, Any]]:
     events = []
     for partition in range(4):
         entries: list[Any] = client.xrange(f"{prefix}:{{p{partition}}}:stream")  # type: ignore[assignment]
-        events += [orjson.loads(fields[b"e"]) for _, fields in entries]
+        events += [orjson.loads(unpack_entry(fields[b"e"])) for _, fields in entries]
     client.close()
     return events
 

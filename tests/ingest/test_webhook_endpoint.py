@@ -15,6 +15,7 @@ from redis import Redis
 
 from app.config import load_config
 from app.main import create_app
+from app.queue.streams import unpack_entry
 from app.settings import Settings
 from tests.support import ServerThread, github_request, issue_payload
 
@@ -35,7 +36,7 @@ def _stream_entries(settings: Settings, group_key: str) -> list[dict[str, Any]]:
         entries = client.xrange(f"{settings.redis_prefix}:{{p{partition}}}:stream")
     finally:
         client.close()
-    return [orjson.loads(fields[b"e"]) for _, fields in entries]  # type: ignore[index,union-attr]
+    return [orjson.loads(unpack_entry(fields[b"e"])) for _, fields in entries]  # type: ignore[index,union-attr,arg-type]
 
 
 def test_event_is_on_the_stream_before_202(api: tuple[str, Settings]) -> None:

@@ -11,7 +11,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from app.queue.batching import EnqueueBatcher
 from app.queue.connection import connect_redis
-from app.queue.streams import EnqueueResult, EventQueue, NewEntry
+from app.queue.streams import EnqueueResult, EventQueue, NewEntry, unpack_entry
 from tests.support import free_port
 
 WINDOW_MS = 60_000
@@ -44,7 +44,7 @@ async def _stream_ids_by_key(queue: EventQueue) -> dict[str, list[str]]:
     for partition in range(queue.partitions):
         for _, fields in await queue.redis.xrange(queue.stream_key(partition)) or []:
             assert fields is not None
-            entry = orjson.loads(fields[b"e"])
+            entry = orjson.loads(unpack_entry(fields[b"e"]))  # type: ignore[arg-type]
             found.setdefault(entry["key"], []).append(entry["id"])
     return found
 

@@ -18,6 +18,7 @@ from redis import Redis
 from app.config import parse_config
 from app.events import Event
 from app.main import create_app
+from app.queue.streams import unpack_entry
 from app.redaction import redact_to_json
 from app.settings import Settings
 from tests.support import ServerThread
@@ -189,7 +190,7 @@ def test_a_form_body_in_a_binary_cloudevent_is_redacted(
         entries: Any = stream.xrange(f"{settings.redis_prefix}:{{p0}}:stream")
     finally:
         stream.close()
-    payload = Event.from_bytes(entries[0][1][b"e"]).payload
+    payload = Event.from_bytes(unpack_entry(entries[0][1][b"e"])).payload
     readable = orjson.dumps(payload).decode()
     if "data_base64" in payload:
         readable += base64.b64decode(payload["data_base64"]).decode("utf-8", "replace")

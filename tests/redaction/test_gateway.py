@@ -21,6 +21,7 @@ from sqlalchemy import select
 
 from app.config import parse_config
 from app.main import create_app
+from app.queue.streams import unpack_entry
 from app.settings import Settings
 from app.store.db import create_engine, session_factory
 from app.store.models import EventRow
@@ -222,7 +223,7 @@ tools:
         entries = stream.xrange(f"{settings.redis_prefix}:{{p0}}:stream")
     finally:
         stream.close()
-    queued = [orjson.loads(fields[b"e"]) for _, fields in entries]  # type: ignore[index,union-attr]
+    queued = [orjson.loads(unpack_entry(fields[b"e"])) for _, fields in entries]  # type: ignore[index,union-attr,arg-type]
     assert [e["group_key"] for e in queued] == ["tenant-7"]
     assert queued[0]["payload"]["deployment"] == {
         "password": "[REDACTED:password]",
@@ -252,5 +253,5 @@ def test_an_integer_beyond_64_bits_is_queued_as_the_nearest_double(
         entries = stream.xrange(f"{settings.redis_prefix}:{{p0}}:stream")
     finally:
         stream.close()
-    queued = orjson.loads(entries[0][1][b"e"])  # type: ignore[index]
+    queued = orjson.loads(unpack_entry(entries[0][1][b"e"]))  # type: ignore[index,arg-type]
     assert queued["payload"]["ids"] == [2**64 - 1, 1.2345678901234568e29]
