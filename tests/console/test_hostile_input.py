@@ -1,0 +1,64 @@
+"""The console against what a hostile browser or link can send: tokens and cookies that are
+not ASCII, time filters out of range, and ``next`` values that try to leave the console."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from app.console.session import SessionSigner
+from tests.console.conftest import ADMIN_TOKEN, csrf_of, sign_in
+
+NON_ASCII = ["é", "\u00ff" * 64, "токен", "\U0001f600", "a\u200bb"]
+
+
+def _raw_cookie(name: str, value: str) -> dict[bytes, bytes]:
+    """A Cookie header as a browser may send it: UTF-8 bytes, which httpx would not encode."""
+    return {b"cookie": f"{name}={value}".encode()}
+
+
+@pytest.mark.parametrize("value", NON_ASCII)
+def test_a_non_ascii_session_cookie_is_sent_to_sign_in(inprocess_gateway: Any, value: str) -> None:
+    url = inprocess_gateway()
+    signed = SessionSigner(ADMIN_TOKEN).issue()
+    session_id, expires, _ = signed.split(".")
+    for cookie in (value, f"{session_id}.{expires}.{value}", f"{value}.{expires}.{value}"):
+        reply = httpx.get(f"{url}/console/events", headers=_raw_cookie("eventgate_console", cookie))
+        assert reply.status_code == 303, (cookie, reply.text)
+        assert reply.headers["location"].startswith("/console/sign-in")
+        posted = httpx.post(
+            f"{url}/console/sign-out",
+            headers=_raw_cookie("eventgate_console", cookie),
+            data={"csrf": "x"},
+        )
+        assert posted.status_code == 401, (cookie, posted.text)
+
+
+@pytest.mark.parametrize("value", NON_ASCII)
+def test_a_non_ascii_csrf_token_is_refused_like_a_wrong_one(
+    inprocess_gateway: Any, value: str
+) -> None:
+    with httpx.Client(base_url=inprocess_gateway()) as client:
+        assert sign_in(client).status_code == 303
+        for path in ("/console/sign-out", "/console/dead-letters/1/replay"):
+            reply = client.post(path, data={"csrf": value})
+            assert reply.status_code == 403, (path, reply.text)
+            assert "CSRF" in reply.text
+        assert client.get("/console/events").status_code == 200
+
+
+@pytest.mark.parametrize("value", NON_ASCII)
+def test_a_non_ascii_sign_in_nonce_is_refused(inprocess_gateway: Any, value: str) -> None:
+    with httpx.Client(base_url=inprocess_gateway()) as client:
+        form = client.get("/console/sign-in")
+        nonce = csrf_of(form.text)
+        for field, cookie in ((value, nonce), (nonce, value), (value, value)):
+            reply = client.post(
+                "/console/sign-in",
+                headers=_raw_cookie("eventgate_console_sign_in", cookie),
+                data={"token": ADMIN_TOKEN, "csrf": field},
+            )
+            assert reply.status_code == 403, (field, cookie, reply.text)
+            assert "eventgate_console=" not in reply.headers.get("set-cookie", "")
