@@ -62,3 +62,36 @@ def test_a_non_ascii_sign_in_nonce_is_refused(inprocess_gateway: Any, value: str
             )
             assert reply.status_code == 403, (field, cookie, reply.text)
             assert "eventgate_console=" not in reply.headers.get("set-cookie", "")
+
+
+@pytest.mark.parametrize(
+    "since",
+    [
+        "0001-01-01T00:00:00+01:00",  # before year 1 once moved to UTC
+        "9999-12-31T23:59:59-01:00",  # after year 9999 once moved to UTC
+        "99999-01-01T00:00",
+        "+099999-01-01T00:00",
+        "2026-13-01T00:00",
+        "100000000000000000000",
+        "yesterday",
+    ],
+)
+def test_a_since_filter_that_is_not_a_time_is_a_form_error(
+    inprocess_gateway: Any, since: str
+) -> None:
+    with httpx.Client(base_url=inprocess_gateway()) as client:
+        assert sign_in(client).status_code == 303
+        reply = client.get("/console/events", params={"since": since})
+        assert reply.status_code == 422, reply.text
+        assert 'role="alert"' in reply.text
+        assert "Received since" in reply.text  # the form is there, to correct it
+        assert "not a time" in reply.text
+
+
+def test_a_since_filter_at_the_ends_of_the_calendar_lists_events(inprocess_gateway: Any) -> None:
+    with httpx.Client(base_url=inprocess_gateway()) as client:
+        assert sign_in(client).status_code == 303
+        for since in ("0001-01-01T00:00", "9999-12-31T23:59:59", "2026-12-01T09:00:00"):
+            reply = client.get("/console/events", params={"since": since})
+            assert reply.status_code == 200, (since, reply.text)
+            assert 'role="alert"' not in reply.text
