@@ -81,7 +81,9 @@ def _sign_in_form(
 
 
 @router.get("/sign-in")
-async def sign_in_page(request: Request, next: Filter = "") -> Response:
+async def sign_in_page(request: Request, next: str = "") -> Response:
+    # Any text: ``safe_next`` keeps a console page (of up to NEXT_MAX_CHARS) and replaces
+    # anything else, so a link with a strange ``next`` still shows the form.
     if console_access(request).signer is None:
         return disabled(request)
     if current_session(request) is not None:

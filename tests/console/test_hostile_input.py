@@ -3,7 +3,9 @@ not ASCII, time filters out of range, and ``next`` values that try to leave the 
 
 from __future__ import annotations
 
+import html
 from typing import Any
+from urllib.parse import urlencode
 
 import httpx
 import pytest
@@ -95,3 +97,68 @@ def test_a_since_filter_at_the_ends_of_the_calendar_lists_events(inprocess_gatew
             reply = client.get("/console/events", params={"since": since})
             assert reply.status_code == 200, (since, reply.text)
             assert 'role="alert"' not in reply.text
+
+
+def test_a_long_next_page_is_where_sign_in_returns(inprocess_gateway: Any) -> None:
+    """A listing's page (filters and a cursor) is longer than a form field's usual limit."""
+    page = "/console/events?" + urlencode(
+        {
+            "status": "published",
+            "source": "s" * 200,
+            "since": "2026-12-01T09:00:00",
+            "cursor": "c" * 500,
+        }
+    )
+    with httpx.Client(base_url=inprocess_gateway()) as client:
+        sent = client.get(page)
+        assert sent.status_code == 303
+        form = client.get(sent.headers["location"])
+        assert form.status_code == 200, form.text
+        assert f'name="next" value="{html.escape(page)}"' in form.text
+        reply = client.post(
+            "/console/sign-in",
+            data={"token": ADMIN_TOKEN, "csrf": csrf_of(form.text), "next": page},
+        )
+        assert reply.status_code == 303
+        assert reply.headers["location"] == page
+
+
+@pytest.mark.parametrize(
+    "next_url",
+    [
+        "//evil.example/console/",
+        "https://evil.example/console/",
+        "http:/console/x",
+        "/\\evil.example",
+        "/console/\\evil.example",
+        "\\\\evil.example",
+        "javascript:alert(1)",
+        "JavaScript:alert(1)//console/",
+        "data:text/html,<script>alert(1)</script>",
+        "\t//evil.example",
+        " /console/events",
+        "/console/\r\nSet-Cookie: eventgate_console=x",
+        "/console/\x00",
+        "/console/../evil",
+        "/console/%2e%2e/evil",
+        "/console/%2E%2E%2Fevil",
+        "/console/..%2f..%2fevil",
+        "/consolex/",
+        "/" + "console/" * 600,  # longer than any console page's address
+    ],
+)
+def test_sign_in_never_returns_off_the_console(inprocess_gateway: Any, next_url: str) -> None:
+    with httpx.Client(base_url=inprocess_gateway()) as client:
+        page = client.get("/console/sign-in", params={"next": next_url})
+        assert page.status_code == 200, page.text
+        assert 'name="next" value="/console/events"' in page.text
+        reply = client.post(
+            "/console/sign-in",
+            data={"token": ADMIN_TOKEN, "csrf": csrf_of(page.text), "next": next_url},
+        )
+        assert reply.status_code == 303
+        assert reply.headers["location"] == "/console/events"
+        # Signed in, the form sends the browser on at once: the same rule.
+        again = client.get("/console/sign-in", params={"next": next_url})
+        assert again.status_code == 303
+        assert again.headers["location"] == "/console/events"
