@@ -16,6 +16,9 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
+import orjson
+
+from app.client.answers import EventAnswer, EventsPage, shape_problem
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 
@@ -78,17 +81,23 @@ class AdminClient:
     ) -> dict[str, Any]:
         """One page of ``GET /v1/events``: ``items`` newest first, ``total``, ``next_cursor``."""
         params = {"status": status, "source": source, "limit": limit, "cursor": cursor}
-        page: dict[str, Any] = self._get(
-            "/v1/events", {k: v for k, v in params.items() if v is not None}
-        )
-        return page
+        query = {k: v for k, v in params.items() if v is not None}
+        return self._get("/v1/events", query, shape=EventsPage)
 
     def event(self, event_id: str) -> dict[str, Any]:
         """``GET /v1/events/{id}``: the event, its timeline, LLM attempts and tool calls."""
-        event: dict[str, Any] = self._get(f"/v1/events/{quote(event_id, safe='')}", {}, event_id)
-        return event
+        path = f"/v1/events/{quote(event_id, safe='')}"
+        return self._get(path, {}, shape=EventAnswer, event_id=event_id)
 
-    def _get(self, path: str, params: dict[str, Any], event_id: str | None = None) -> Any:
+    def _get(
+        self,
+        path: str,
+        params: dict[str, Any],
+        *,
+        shape: type[EventsPage | EventAnswer],
+        event_id: str | None = None,
+    ) -> dict[str, Any]:
+        """The answer's JSON, once it has ``shape``."""
         try:
             reply = self._http.get(path, params=params)
         except httpx.TimeoutException:
@@ -100,15 +109,23 @@ class AdminClient:
                 f"cannot reach the gateway at {self.url} ({_reason(exc)}): is it running?"
                 " Set --url or EVENTGATE_URL"
             ) from None
-        if reply.is_success:
-            try:
-                return reply.json()
-            except ValueError:
-                raise UnexpectedAnswer(
-                    f"{self.url} answered {path} with something that is not JSON:"
-                    " is --url an eventgate gateway?"
-                ) from None
-        raise self._failure(reply, event_id)
+        if not reply.is_success:
+            raise self._failure(reply, event_id)
+        try:
+            body = _json(reply)
+        except ValueError:
+            raise UnexpectedAnswer(
+                f"{self.url} answered {path} with something that is not JSON:"
+                " is --url an eventgate gateway?"
+            ) from None
+        problem = shape_problem(shape, body)
+        if problem is not None:
+            raise UnexpectedAnswer(
+                f"{self.url} answered {path} with JSON that is not the admin API's ({problem}):"
+                " is --url an eventgate gateway?"
+            )
+        answer: dict[str, Any] = body
+        return answer
 
     def _failure(self, reply: httpx.Response, event_id: str | None) -> AdminApiError:
         error, detail = _error_of(reply)
@@ -142,7 +159,7 @@ class AdminClient:
 def _error_of(reply: httpx.Response) -> tuple[str | None, str | None]:
     """The ``{"error", "detail"}`` of an error answer (None for a body that is not one)."""
     try:
-        body = reply.json()
+        body = _json(reply)
     except ValueError:
         return None, None
     if not isinstance(body, dict):
@@ -152,6 +169,12 @@ def _error_of(reply: httpx.Response) -> tuple[str | None, str | None]:
         error if isinstance(error, str) else None,
         detail if isinstance(detail, str) else None,
     )
+
+
+def _json(reply: httpx.Response) -> Any:
+    """orjson refuses nesting deeper than 1024 with a ``ValueError`` (the standard library's
+    parser recurses until ``RecursionError``)."""
+    return orjson.loads(reply.content)
 
 
 def _reason(exc: httpx.HTTPError) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
+import pytest
 from typer.testing import CliRunner, Result
 
 from app.cli import app as cli
@@ -141,3 +142,82 @@ def test_an_error_detail_is_shown_as_text(fake_admin: FakeAdmin) -> None:
     assert result.exit_code == 1
     assert result.stdout == ""
     assert_inert(result.stderr)
+
+
+NOT_A_PAGE = [
+    {},
+    [],
+    "events",
+    42,
+    None,
+    {"items": "evt_1", "total": 1},
+    {"items": [1], "total": 1},
+    {"items": [{}], "total": 1},
+    {"items": [{"event_id": 1, "status": "published"}], "total": 1},
+    {"items": [{"event_id": "evt_1", "status": None}], "total": 1},
+    {"items": [], "total": "many"},
+    {"items": [], "total": True},
+]
+NOT_AN_EVENT = [
+    {},
+    [],
+    "evt_1",
+    {"event_id": "evt_1"},
+    {"event_id": "evt_1", "status": "published", "timeline": "none"},
+    {"event_id": "evt_1", "status": "published", "timeline": [1]},
+    {"event_id": "evt_1", "status": "published", "llm_calls": [{"latency_ms": "slow"}]},
+    {"event_id": "evt_1", "status": "published", "llm_calls": [{"cost_usd": "free"}]},
+    {"event_id": "evt_1", "status": "published", "tool_calls": {"0": {}}},
+    {"event_id": "evt_1", "status": "published", "dead_letter": "yes"},
+]
+NOT_JSON = [
+    Answer(b"", content_type="text/plain"),
+    Answer(b"ok", content_type="text/plain"),
+    Answer(
+        b"<!doctype html><html><body>Sign in to the proxy</body></html>", content_type="text/html"
+    ),
+    Answer(b"\xff\xfe\x00garbage"),
+    Answer(b'{"items": [}'),
+    Answer(b"[" * 100_000 + b"]" * 100_000),
+    Answer(b'{"a":' * 100_000 + b"1" + b"}" * 100_000),
+]
+
+
+def assert_one_error_line(result: Result, url: str) -> str:
+    assert result.exit_code == 1, result.output
+    assert isinstance(result.exception, SystemExit), result.exception
+    assert result.stdout == ""
+    assert "Traceback" not in result.output
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(f"error: {url} answered ")
+    return line
+
+
+@pytest.mark.parametrize("page", NOT_A_PAGE)
+def test_list_and_tail_refuse_an_answer_that_is_not_a_page(
+    fake_admin: FakeAdmin, page: object
+) -> None:
+    fake_admin.answer_list(page)
+    for command in (["list"], ["tail", "--count", "1", "--interval", "0.05"]):
+        result = run("events", *command, "--url", fake_admin.url, "--token", "t")
+        line = assert_one_error_line(result, fake_admin.url)
+        assert "not the admin API's" in line
+
+
+@pytest.mark.parametrize("event", NOT_AN_EVENT)
+def test_show_refuses_an_answer_that_is_not_an_event(fake_admin: FakeAdmin, event: object) -> None:
+    fake_admin.answer_event(event)
+    result = run("events", "show", "evt_1", "--url", fake_admin.url, "--token", "t")
+    line = assert_one_error_line(result, fake_admin.url)
+    assert "not the admin API's" in line
+
+
+@pytest.mark.parametrize("answer", NOT_JSON, ids=lambda a: a.body[:12].decode("latin-1"))
+def test_an_answer_that_is_not_json_is_one_error_line(
+    fake_admin: FakeAdmin, answer: Answer
+) -> None:
+    fake_admin.answer_everything(answer)
+    for command in (["list"], ["show", "evt_1"], ["tail", "--count", "1"]):
+        result = run("events", *command, "--url", fake_admin.url, "--token", "t")
+        line = assert_one_error_line(result, fake_admin.url)
+        assert "is --url an eventgate gateway?" in line
