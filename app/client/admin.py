@@ -21,6 +21,9 @@ import orjson
 from app.client.answers import EventAnswer, EventsPage, shape_problem
 
 DEFAULT_URL = "http://127.0.0.1:8080"
+# An event's answer holds its payload (5 MiB at most by default) and each attempt's prompt
+# and reply: far below this. Past it, the CLI stops reading instead of filling its memory.
+MAX_ANSWER_BYTES = 64 * 1024 * 1024
 
 
 class AdminApiError(Exception):
@@ -56,9 +59,11 @@ class AdminClient:
         url: str,
         token: str | None,
         timeout: float = 10.0,
+        max_bytes: int = MAX_ANSWER_BYTES,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.url = url.rstrip("/")
+        self.max_bytes = max_bytes
         self._has_token = bool(token)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(
@@ -99,7 +104,8 @@ class AdminClient:
     ) -> dict[str, Any]:
         """The answer's JSON, once it has ``shape``."""
         try:
-            reply = self._http.get(path, params=params)
+            with self._http.stream("GET", path, params=params) as reply:
+                content = self._read(reply, path)
         except httpx.TimeoutException:
             raise GatewayUnreachable(
                 f"the gateway at {self.url} did not answer within {self._http.timeout.read}s"
@@ -110,10 +116,10 @@ class AdminClient:
                 " Set --url or EVENTGATE_URL"
             ) from None
         if not reply.is_success:
-            raise self._failure(reply, event_id)
+            raise self._failure(reply, content, event_id)
         try:
-            body = _json(reply)
-        except ValueError:
+            body = orjson.loads(content)
+        except ValueError:  # orjson's, also for nesting past 1024 levels
             raise UnexpectedAnswer(
                 f"{self.url} answered {path} with something that is not JSON:"
                 " is --url an eventgate gateway?"
@@ -127,8 +133,22 @@ class AdminClient:
         answer: dict[str, Any] = body
         return answer
 
-    def _failure(self, reply: httpx.Response, event_id: str | None) -> AdminApiError:
-        error, detail = _error_of(reply)
+    def _read(self, reply: httpx.Response, path: str) -> bytes:
+        """The body, up to ``max_bytes``."""
+        content = bytearray()
+        for chunk in reply.iter_bytes():
+            content += chunk
+            if len(content) > self.max_bytes:
+                raise UnexpectedAnswer(
+                    f"{self.url} answered {path} with more than"
+                    f" {self.max_bytes // 2**20} MiB: is --url an eventgate gateway?"
+                )
+        return bytes(content)
+
+    def _failure(
+        self, reply: httpx.Response, content: bytes, event_id: str | None
+    ) -> AdminApiError:
+        error, detail = _error_of(content)
         if reply.status_code == 401:
             if not self._has_token:
                 return TokenRefused(
@@ -156,10 +176,10 @@ class AdminClient:
         return UnexpectedAnswer(f"{self.url} answered {reply.status_code}{name}{said}")
 
 
-def _error_of(reply: httpx.Response) -> tuple[str | None, str | None]:
+def _error_of(content: bytes) -> tuple[str | None, str | None]:
     """The ``{"error", "detail"}`` of an error answer (None for a body that is not one)."""
     try:
-        body = _json(reply)
+        body = orjson.loads(content)
     except ValueError:
         return None, None
     if not isinstance(body, dict):
@@ -169,12 +189,6 @@ def _error_of(reply: httpx.Response) -> tuple[str | None, str | None]:
         error if isinstance(error, str) else None,
         detail if isinstance(detail, str) else None,
     )
-
-
-def _json(reply: httpx.Response) -> Any:
-    """orjson refuses nesting deeper than 1024 with a ``ValueError`` (the standard library's
-    parser recurses until ``RecursionError``)."""
-    return orjson.loads(reply.content)
 
 
 def _reason(exc: httpx.HTTPError) -> str:

@@ -4,14 +4,15 @@ proxy page, the wrong service)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 
 import orjson
 import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from tests.admin.conftest import _reset_logging, gateway_factory
@@ -22,9 +23,12 @@ __all__ = ["FakeAdmin", "_reset_logging", "fake_admin", "gateway_factory"]
 
 @dataclass
 class Answer:
+    """``endless``: ``body`` repeated for as long as the client reads."""
+
     body: bytes
     status: int = 200
     content_type: str = "application/json"
+    endless: bool = False
 
 
 @dataclass
@@ -54,7 +58,17 @@ class FakeAdmin:
         else:
             assert self.event_answer is not None
             answer = self.event_answer
+        if answer.endless:
+            return StreamingResponse(
+                _forever(answer.body), answer.status, media_type=answer.content_type
+            )
         return Response(answer.body, answer.status, media_type=answer.content_type)
+
+
+async def _forever(chunk: bytes) -> AsyncIterator[bytes]:
+    while True:
+        yield chunk
+        await asyncio.sleep(0)  # lets the server see the client leave
 
 
 @pytest.fixture

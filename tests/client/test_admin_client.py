@@ -68,3 +68,16 @@ def test_a_gateway_that_does_not_answer_in_time() -> None:
     with client(httpx.MockTransport(answer)) as admin, pytest.raises(GatewayUnreachable) as info:
         admin.events()
     assert str(info.value) == f"the gateway at {URL} did not answer within 10.0s"
+
+
+def test_an_answer_is_read_up_to_max_bytes() -> None:
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=b'{"items": [], "total": 0}' + b" " * 1000)
+
+    small = AdminClient(url=URL, token=TOKEN, transport=httpx.MockTransport(answer), max_bytes=1000)
+    with small as admin, pytest.raises(UnexpectedAnswer) as info:
+        admin.events()
+    assert "more than" in str(info.value)
+    exact = AdminClient(url=URL, token=TOKEN, transport=httpx.MockTransport(answer), max_bytes=1025)
+    with exact as admin:
+        assert admin.events()["total"] == 0

@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner, Result
 
 from app.cli import app as cli
+from app.client.admin import MAX_ANSWER_BYTES
 from tests.client.conftest import Answer, FakeAdmin
 
 MARKUP = ["[red]boom[/red]", "[link=https://evil.example]click[/link]", ":warning:", "[bold"]
@@ -221,3 +222,13 @@ def test_an_answer_that_is_not_json_is_one_error_line(
         result = run("events", *command, "--url", fake_admin.url, "--token", "t")
         line = assert_one_error_line(result, fake_admin.url)
         assert "is --url an eventgate gateway?" in line
+
+
+@pytest.mark.parametrize("status", [200, 500])
+def test_an_endless_answer_is_cut_off(fake_admin: FakeAdmin, status: int) -> None:
+    """Read up to MAX_ANSWER_BYTES, then one error line: never all of it into memory."""
+    fake_admin.answer_everything(Answer(b"[" + b" " * 65535, status=status, endless=True))
+    for command in (["list"], ["show", "evt_1"], ["tail", "--count", "1"]):
+        result = run("events", *command, "--url", fake_admin.url, "--token", "t")
+        line = assert_one_error_line(result, fake_admin.url)
+        assert f"more than {MAX_ANSWER_BYTES // 2**20} MiB" in line
