@@ -12,6 +12,7 @@ The token goes only into the ``Authorization`` header: no message here contains 
 
 from __future__ import annotations
 
+import time
 from typing import Any
 from urllib.parse import quote
 
@@ -24,6 +25,9 @@ DEFAULT_URL = "http://127.0.0.1:8080"
 # An event's answer holds its payload (5 MiB at most by default) and each attempt's prompt
 # and reply: far below this. Past it, the CLI stops reading instead of filling its memory.
 MAX_ANSWER_BYTES = 64 * 1024 * 1024
+# ``timeout`` bounds each read; this, the whole answer (a server dripping a byte at a time
+# would otherwise hold the CLI for ever).
+ANSWER_SECONDS = 60.0
 
 
 class AdminApiError(Exception):
@@ -60,10 +64,12 @@ class AdminClient:
         token: str | None,
         timeout: float = 10.0,
         max_bytes: int = MAX_ANSWER_BYTES,
+        answer_seconds: float = ANSWER_SECONDS,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.url = url.rstrip("/")
         self.max_bytes = max_bytes
+        self.answer_seconds = answer_seconds
         self._has_token = bool(token)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(
@@ -134,10 +140,16 @@ class AdminClient:
         return answer
 
     def _read(self, reply: httpx.Response, path: str) -> bytes:
-        """The body, up to ``max_bytes``."""
+        """The body, up to ``max_bytes`` and within ``answer_seconds``."""
+        deadline = time.monotonic() + self.answer_seconds
         content = bytearray()
         for chunk in reply.iter_bytes():
             content += chunk
+            if time.monotonic() > deadline:
+                raise GatewayUnreachable(
+                    f"the gateway at {self.url} did not finish its answer within"
+                    f" {self.answer_seconds:g}s"
+                )
             if len(content) > self.max_bytes:
                 raise UnexpectedAnswer(
                     f"{self.url} answered {path} with more than"
