@@ -26,6 +26,7 @@ from pydantic import (
 )
 
 from app.config_rules import Problem, validate_with_rules, value_of
+from app.config_yaml import UnsafeYaml, read_yaml
 from app.declared_keys import Unfilterable, check_readable
 from app.source_config import SourceConfig
 
@@ -215,9 +216,11 @@ def parse_config(
     with the line and column). A key whose variable is not set reports that, not also the
     empty value it was validated with."""
     try:
-        raw = yaml.safe_load(text)
+        raw = read_yaml(text)
     except yaml.YAMLError as exc:
         raise ConfigError([_yaml_error(exc, origin)]) from None
+    except UnsafeYaml as exc:
+        raise ConfigError([f"{origin}: refused: {exc}"]) from None
     if not isinstance(raw, dict):
         raise ConfigError(["the config must be a mapping with sources, pipelines and tools"])
     unset: UnsetVariables = {}

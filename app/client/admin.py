@@ -12,12 +12,22 @@ The token goes only into the ``Authorization`` header: no message here contains 
 
 from __future__ import annotations
 
+import time
 from typing import Any
 from urllib.parse import quote
 
 import httpx
+import orjson
+
+from app.client.answers import EventAnswer, EventsPage, shape_problem
 
 DEFAULT_URL = "http://127.0.0.1:8080"
+# An event's answer holds its payload (5 MiB at most by default) and each attempt's prompt
+# and reply: far below this. Past it, the CLI stops reading instead of filling its memory.
+MAX_ANSWER_BYTES = 64 * 1024 * 1024
+# ``timeout`` bounds each read; this, the whole answer (a server dripping a byte at a time
+# would otherwise hold the CLI for ever).
+ANSWER_SECONDS = 60.0
 
 
 class AdminApiError(Exception):
@@ -53,9 +63,13 @@ class AdminClient:
         url: str,
         token: str | None,
         timeout: float = 10.0,
+        max_bytes: int = MAX_ANSWER_BYTES,
+        answer_seconds: float = ANSWER_SECONDS,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.url = url.rstrip("/")
+        self.max_bytes = max_bytes
+        self.answer_seconds = answer_seconds
         self._has_token = bool(token)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(
@@ -78,19 +92,26 @@ class AdminClient:
     ) -> dict[str, Any]:
         """One page of ``GET /v1/events``: ``items`` newest first, ``total``, ``next_cursor``."""
         params = {"status": status, "source": source, "limit": limit, "cursor": cursor}
-        page: dict[str, Any] = self._get(
-            "/v1/events", {k: v for k, v in params.items() if v is not None}
-        )
-        return page
+        query = {k: v for k, v in params.items() if v is not None}
+        return self._get("/v1/events", query, shape=EventsPage)
 
     def event(self, event_id: str) -> dict[str, Any]:
         """``GET /v1/events/{id}``: the event, its timeline, LLM attempts and tool calls."""
-        event: dict[str, Any] = self._get(f"/v1/events/{quote(event_id, safe='')}", {}, event_id)
-        return event
+        path = f"/v1/events/{quote(event_id, safe='')}"
+        return self._get(path, {}, shape=EventAnswer, event_id=event_id)
 
-    def _get(self, path: str, params: dict[str, Any], event_id: str | None = None) -> Any:
+    def _get(
+        self,
+        path: str,
+        params: dict[str, Any],
+        *,
+        shape: type[EventsPage | EventAnswer],
+        event_id: str | None = None,
+    ) -> dict[str, Any]:
+        """The answer's JSON, once it has ``shape``."""
         try:
-            reply = self._http.get(path, params=params)
+            with self._http.stream("GET", path, params=params) as reply:
+                content = self._read(reply, path)
         except httpx.TimeoutException:
             raise GatewayUnreachable(
                 f"the gateway at {self.url} did not answer within {self._http.timeout.read}s"
@@ -100,18 +121,46 @@ class AdminClient:
                 f"cannot reach the gateway at {self.url} ({_reason(exc)}): is it running?"
                 " Set --url or EVENTGATE_URL"
             ) from None
-        if reply.is_success:
-            try:
-                return reply.json()
-            except ValueError:
-                raise UnexpectedAnswer(
-                    f"{self.url} answered {path} with something that is not JSON:"
-                    " is --url an eventgate gateway?"
-                ) from None
-        raise self._failure(reply, event_id)
+        if not reply.is_success:
+            raise self._failure(reply, content, event_id)
+        try:
+            body = orjson.loads(content)
+        except ValueError:  # orjson's, also for nesting past 1024 levels
+            raise UnexpectedAnswer(
+                f"{self.url} answered {path} with something that is not JSON:"
+                " is --url an eventgate gateway?"
+            ) from None
+        problem = shape_problem(shape, body)
+        if problem is not None:
+            raise UnexpectedAnswer(
+                f"{self.url} answered {path} with JSON that is not the admin API's ({problem}):"
+                " is --url an eventgate gateway?"
+            )
+        answer: dict[str, Any] = body
+        return answer
 
-    def _failure(self, reply: httpx.Response, event_id: str | None) -> AdminApiError:
-        error, detail = _error_of(reply)
+    def _read(self, reply: httpx.Response, path: str) -> bytes:
+        """The body, up to ``max_bytes`` and within ``answer_seconds``."""
+        deadline = time.monotonic() + self.answer_seconds
+        content = bytearray()
+        for chunk in reply.iter_bytes():
+            content += chunk
+            if time.monotonic() > deadline:
+                raise GatewayUnreachable(
+                    f"the gateway at {self.url} did not finish its answer within"
+                    f" {self.answer_seconds:g}s"
+                )
+            if len(content) > self.max_bytes:
+                raise UnexpectedAnswer(
+                    f"{self.url} answered {path} with more than"
+                    f" {self.max_bytes // 2**20} MiB: is --url an eventgate gateway?"
+                )
+        return bytes(content)
+
+    def _failure(
+        self, reply: httpx.Response, content: bytes, event_id: str | None
+    ) -> AdminApiError:
+        error, detail = _error_of(content)
         if reply.status_code == 401:
             if not self._has_token:
                 return TokenRefused(
@@ -139,10 +188,10 @@ class AdminClient:
         return UnexpectedAnswer(f"{self.url} answered {reply.status_code}{name}{said}")
 
 
-def _error_of(reply: httpx.Response) -> tuple[str | None, str | None]:
+def _error_of(content: bytes) -> tuple[str | None, str | None]:
     """The ``{"error", "detail"}`` of an error answer (None for a body that is not one)."""
     try:
-        body = reply.json()
+        body = orjson.loads(content)
     except ValueError:
         return None, None
     if not isinstance(body, dict):

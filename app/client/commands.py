@@ -16,7 +16,7 @@ from rich.text import Text
 
 from app.admin.schemas import EventStatusName
 from app.client.admin import DEFAULT_URL, AdminApiError, AdminClient
-from app.client.render import console, event_line, events_table, show_event
+from app.client.render import console, event_line, events_table, plain, show_event
 
 events = typer.Typer(help="Events of a running gateway (its admin API).", no_args_is_help=True)
 
@@ -40,7 +40,7 @@ MAX_LIMIT = 500
 
 
 def _fail(exc: AdminApiError) -> typer.Exit:
-    console(stderr=True).print(Text("error: ", style="bold red") + Text(str(exc)), soft_wrap=True)
+    console(stderr=True).print(Text("error: ", style="bold red") + plain(exc), soft_wrap=True)
     return typer.Exit(1)
 
 

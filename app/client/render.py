@@ -1,8 +1,13 @@
-"""Admin API answers as rich tables and lines (colours on a terminal, plain text otherwise)."""
+"""Admin API answers as rich tables and lines (colours on a terminal, plain text otherwise).
+
+Every value of an answer goes through ``plain``: what a gateway (or whatever answers at
+``--url``) sends is shown, never obeyed by rich or by the terminal.
+"""
 
 from __future__ import annotations
 
 import os
+import re
 from datetime import datetime
 from typing import Any
 
@@ -36,19 +41,37 @@ def console(*, stderr: bool = False) -> Console:
     return out
 
 
-def when(value: Any) -> str:
+# C0 and C1 controls (ESC starts ANSI and OSC 8 sequences; C1 0x9b is a CSI on its own),
+# DEL, the line and paragraph separators, and the bidi controls that reorder what follows.
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
+
+
+def plain(value: object, style: str = "") -> Text:
+    """A value of an answer as inert text: a ``Text`` is never parsed for rich markup
+    (``[red]``, ``[link=...]``, ``:emoji:`` stay as written), and each control character is
+    written as its escape (``\\x1b``), so a field can neither restyle nor move the cursor
+    nor start a line of its own (``\\n``, ``\\r``)."""
+    return Text(_UNPRINTABLE.sub(_escape, str(value)), style=style)
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def when(value: Any, style: str = "") -> Text:
     """An API time (ISO 8601, UTC) as ``2026-12-02 06:40:01Z``; ``-`` when absent."""
     if not isinstance(value, str):
-        return "-"
+        return Text("-", style=style)
     try:
         parsed = datetime.fromisoformat(value)
     except ValueError:
-        return value
-    return parsed.strftime("%Y-%m-%d %H:%M:%SZ")
+        return plain(value, style)
+    return Text(parsed.strftime("%Y-%m-%d %H:%M:%SZ"), style=style)
 
 
 def status(value: Any) -> Text:
-    return Text(str(value), style=STATUS_STYLES.get(str(value), ""))
+    return plain(value, STATUS_STYLES.get(str(value), ""))
 
 
 def events_table(page: dict[str, Any]) -> Group:
@@ -64,40 +87,38 @@ def events_table(page: dict[str, Any]) -> Group:
     if with_errors:
         table.add_column("error", overflow="fold")
     for item in items:
-        row: list[str | Text] = [
+        row = [
             when(item.get("received_at")),
-            item["event_id"],
-            item.get("source") or "-",
-            item.get("type") or "-",
-            item.get("group_key") or "-",
+            plain(item["event_id"]),
+            plain(item.get("source") or "-"),
+            plain(item.get("type") or "-"),
+            plain(item.get("group_key") or "-"),
             status(item["status"]),
         ]
         if with_errors:
-            row.append(item.get("error") or "")
+            row.append(plain(item.get("error") or ""))
         table.add_row(*row)
     more = " (more: raise --limit)" if page.get("next_cursor") else ""
-    footer = Text(f"{len(items)} of {page['total']} events, newest first{more}", style="dim")
+    footer = plain(f"{len(items)} of {page['total']} events, newest first{more}", "dim")
     return Group(table, footer) if items else Group(Text("no events", style="dim"))
 
 
 def event_line(item: dict[str, Any]) -> Text:
     """One event on one line, for ``events tail``."""
-    line = Text()
-    line.append(when(item.get("received_at")), style="dim")
-    line.append(f"  {item['event_id']}  ")
-    line.append(f"{item.get('source') or '-'}  {item.get('type') or '-'}  ")
-    line.append(f"{item.get('group_key') or '-'}  ", style="dim")
+    line = when(item.get("received_at"), "dim")
+    line.append_text(plain(f"  {item['event_id']}  "))
+    line.append_text(plain(f"{item.get('source') or '-'}  {item.get('type') or '-'}  "))
+    line.append_text(plain(f"{item.get('group_key') or '-'}  ", "dim"))
     line.append_text(status(item["status"]))
     if item.get("error"):
-        line.append(f"  {item['error']}", style="red")
+        line.append_text(plain(f"  {item['error']}", "red"))
     return line
 
 
 def show_event(console: Console, event: dict[str, Any]) -> None:
     """The event, its timeline, each Claude attempt and each tool call with its publish state."""
-    head = Text()
-    head.append("event ", style="bold")
-    head.append(f"{event['event_id']}  ", style="bold")
+    head = Text("event ", style="bold")
+    head.append_text(plain(f"{event['event_id']}  ", "bold"))
     head.append_text(status(event["status"]))
     console.print(head)
     facts = Table.grid(padding=(0, 2))
@@ -113,7 +134,7 @@ def show_event(console: Console, event: dict[str, Any]) -> None:
         ("error", event.get("error")),
     ):
         if value:
-            facts.add_row(label, value)
+            facts.add_row(label, value if isinstance(value, Text) else plain(value))
     console.print(facts)
     console.print(_timeline(event.get("timeline") or []))
     calls = event.get("llm_calls") or []
@@ -127,10 +148,12 @@ def show_event(console: Console, event: dict[str, Any]) -> None:
         console.print(Text("no tool calls", style="dim"))
     dead = event.get("dead_letter")
     if dead:
-        replayed = f" (replayed {when(dead.get('replayed_at'))})" if dead.get("replayed_at") else ""
-        console.print(
-            Text(f"dead letter {dead['id']}: {dead['stage']}: {dead['reason']}{replayed}", "red")
+        line = plain(
+            f"dead letter {dead.get('id')}: {dead.get('stage')}: {dead.get('reason')}", "red"
         )
+        if dead.get("replayed_at"):
+            line.append_text(plain(f" (replayed {when(dead['replayed_at'])})", "red"))
+        console.print(line)
 
 
 def _timeline(entries: list[dict[str, Any]]) -> Table:
@@ -139,7 +162,9 @@ def _timeline(entries: list[dict[str, Any]]) -> Table:
     table.add_column("stage", no_wrap=True)
     table.add_column("detail", overflow="fold")
     for entry in entries:
-        table.add_row(when(entry.get("at")), entry["stage"], entry.get("detail") or "")
+        table.add_row(
+            when(entry.get("at")), plain(entry.get("stage")), plain(entry.get("detail") or "")
+        )
     return table
 
 
@@ -160,43 +185,46 @@ def _attempts(calls: list[dict[str, Any]]) -> Table:
         table.add_column("error", overflow="fold")
     for call in calls:
         outcome = str(call.get("status"))
-        row: list[str | Text] = [
-            str(call.get("attempt", "")),
-            str(call.get("model", "")),
-            Text(outcome, style=ATTEMPT_STYLES.get(outcome, "red")),
-            f"{float(call.get('latency_ms') or 0):.0f} ms",
-            f"{call.get('input_tokens') or 0}/{call.get('output_tokens') or 0}",
+        row = [
+            plain(call.get("attempt", "")),
+            plain(call.get("model", "")),
+            plain(outcome, ATTEMPT_STYLES.get(outcome, "red")),
+            plain(f"{float(call.get('latency_ms') or 0):.0f} ms"),
+            plain(f"{call.get('input_tokens') or 0}/{call.get('output_tokens') or 0}"),
         ]
         if cached:
             row.append(_cache(call))
-        row += [f"${float(call.get('cost_usd') or 0):.6f}", str(call.get("stop_reason") or "-")]
+        row += [
+            plain(f"${float(call.get('cost_usd') or 0):.6f}"),
+            plain(call.get("stop_reason") or "-"),
+        ]
         if failed:
-            row.append(" ".join(str(v) for v in (call.get("error_type"), call.get("error")) if v))
+            error = " ".join(str(v) for v in (call.get("error_type"), call.get("error")) if v)
+            row.append(plain(error))
         table.add_row(*row)
     return table
 
 
-def _cache(call: dict[str, Any]) -> str:
+def _cache(call: dict[str, Any]) -> Text:
     written = call.get("cache_creation_input_tokens") or 0
     read = call.get("cache_read_input_tokens") or 0
-    return f"{written}/{read}" if written or read else ""
+    return plain(f"{written}/{read}" if written or read else "")
 
 
 def _tool_call(call: dict[str, Any]) -> Table:
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="dim", no_wrap=True)
     grid.add_column(overflow="fold")
-    title = Text(f"#{call.get('seq')} ", style="bold")
-    title.append(str(call.get("tool")), style="bold")
+    title = plain(f"#{call.get('seq')} {call.get('tool')}", "bold")
     if call.get("generation"):
-        title.append(f" (generation {call['generation']})", style="dim")
+        title.append_text(plain(f" (generation {call['generation']})", "dim"))
     grid.add_row(title, publish_state(call))
     message = call.get("message")
     tool_input = message.get("input") if isinstance(message, dict) else None
-    grid.add_row("input", orjson.dumps(tool_input).decode())
-    grid.add_row("group id", str(call.get("group_id")))
-    grid.add_row("dedup id", str(call.get("dedup_id")))
-    grid.add_row("topic", str(call.get("topic_arn") or "none configured"))
+    grid.add_row("input", plain(orjson.dumps(tool_input).decode()))
+    grid.add_row("group id", plain(call.get("group_id")))
+    grid.add_row("dedup id", plain(call.get("dedup_id")))
+    grid.add_row("topic", plain(call.get("topic_arn") or "none configured"))
     return grid
 
 
@@ -208,9 +236,9 @@ def publish_state(call: dict[str, Any]) -> Text:
         text = f"published, SNS message id {call.get('sns_message_id')}"
         if call.get("sns_sequence_number"):
             text += f" (sequence {call['sns_sequence_number']})"
-        return Text(text, style=style)
+        return plain(text, style)
     if state == "pending" and not call.get("topic_arn"):
         return Text("held in the outbox (no topic configured)", style=style)
     error = f", last error: {call['last_error']}" if call.get("last_error") else ""
     attempts = call.get("attempts") or 0
-    return Text(f"{state} ({attempts} publish attempts{error})", style=style)
+    return plain(f"{state} ({attempts} publish attempts{error})", style)

@@ -7,7 +7,7 @@ no admin token the console is off: 503, saying how to turn it on.
 
 from __future__ import annotations
 
-from urllib.parse import quote
+from urllib.parse import quote, unquote, urlsplit
 
 import structlog
 from fastapi import Request
@@ -67,11 +67,30 @@ async def checked_post(request: Request) -> tuple[Session, dict[str, str]] | Res
     return session, form
 
 
+# A console page's own address (filters and a cursor included) is well under this.
+NEXT_MAX_CHARS = 4096
+
+
 def safe_next(value: str | None) -> str:
-    """Only a console page: never an open redirect to another site."""
-    if value and value.startswith(f"{COOKIE_PATH}/") and "//" not in value and "\\" not in value:
+    r"""Only a console page: never an open redirect to another site, nor out of /console.
+
+    A path without scheme or host; no backslash or control character (browsers read ``\``
+    as ``/`` and drop tabs and newlines, so ``/\evil`` and ``\t//evil`` leave the site);
+    no empty, ``.`` or ``..`` segment, percent-encoded or not (``/console/%2e%2e/x`` is
+    ``/x``)."""
+    if value and len(value) <= NEXT_MAX_CHARS and _is_console_path(value):
         return value
     return f"{COOKIE_PATH}/events"
+
+
+def _is_console_path(value: str) -> bool:
+    if not value.startswith(f"{COOKIE_PATH}/"):  # so no scheme, no host
+        return False
+    if any(ch == "\\" or ord(ch) < 0x20 or ord(ch) == 0x7F for ch in value):
+        return False
+    path = unquote(urlsplit(value).path)
+    segments = path.removesuffix("/").split("/")[1:]
+    return "\\" not in path and all(s not in ("", ".", "..") for s in segments)
 
 
 def set_cookie(

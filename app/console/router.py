@@ -16,7 +16,7 @@ from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import FileResponse, RedirectResponse, Response
 
 from app.admin.repository import DeadLetterFilter, EventFilter
-from app.admin.schemas import EventStatusName
+from app.admin.schemas import EventStatusName, EventSummary, Window
 from app.console.access import STYLESHEET, console_access, current_session, read_form, render
 from app.console.gate import (
     checked_post,
@@ -81,7 +81,9 @@ def _sign_in_form(
 
 
 @router.get("/sign-in")
-async def sign_in_page(request: Request, next: Filter = "") -> Response:
+async def sign_in_page(request: Request, next: str = "") -> Response:
+    # Any text: ``safe_next`` keeps a console page (of up to NEXT_MAX_CHARS) and replaces
+    # anything else, so a link with a strange ``next`` still shows the form.
     if console_access(request).signer is None:
         return disabled(request)
     if current_session(request) is not None:
@@ -129,14 +131,19 @@ async def sign_out(request: Request) -> Response:
 
 
 def _since(value: str) -> datetime | None:
-    """A ``datetime-local`` field (no offset) is read as UTC, like the admin API's times."""
+    """A ``datetime-local`` field (no offset) is read as UTC, like the admin API's times.
+
+    Raises ``ValueError`` with the form's error for text that is not a time, or one outside
+    datetime's range once moved to UTC (``0001-01-01T00:00+01:00``)."""
     if not value:
         return None
     try:
         parsed = datetime.fromisoformat(value)
-    except ValueError:
-        return None
-    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+        return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+    except (ValueError, OverflowError):
+        raise ValueError(
+            "Received since: not a time between years 1 and 9999 (YYYY-MM-DDTHH:MM:SS, UTC)."
+        ) from None
 
 
 @router.get("/events")
@@ -150,17 +157,33 @@ async def events(
     session = gate(request)
     if not isinstance(session, Session):
         return session
-    access = console_access(request)
-    flt = EventFilter(
-        status=status if status in STATUSES else None,
-        source=source or None,
-        since=_since(since),
-    )
+    filters = {"status": status if status in STATUSES else "", "source": source, "since": since}
     try:
-        window = await access.admin.service.event_window(flt, limit=PAGE_SIZE, cursor=cursor)
+        received_since = _since(since)
+    except ValueError as exc:
+        empty: Window[EventSummary] = Window(items=[], next_cursor=None)
+        return _events_page(request, session, filters, empty, error=str(exc), first_page=True)
+    flt = EventFilter(status=filters["status"] or None, source=source or None, since=received_since)
+    try:
+        window = await console_access(request).admin.service.event_window(
+            flt, limit=PAGE_SIZE, cursor=cursor
+        )
     except AppError as exc:
         return refused(request, exc.status_code, "Cannot list events", exc.message)
-    filters = {"status": flt.status or "", "source": source, "since": since}
+    return _events_page(request, session, filters, window, first_page=cursor is None)
+
+
+def _events_page(
+    request: Request,
+    session: Session,
+    filters: dict[str, str],
+    window: Window[EventSummary],
+    *,
+    first_page: bool,
+    error: str | None = None,
+) -> Response:
+    """The listing; with ``error`` (a filter that cannot be used) a 422 showing it above the
+    form, and no rows."""
     older = (
         f"?{urlencode({**filters, 'cursor': window.next_cursor})}" if window.next_cursor else None
     )
@@ -168,12 +191,15 @@ async def events(
         "window": window,
         "filters": filters,
         "statuses": STATUSES,
-        "sources": sorted(access.admin.service.sources),
+        "sources": sorted(console_access(request).admin.service.sources),
         "older": older,
-        "first_page": cursor is None,
+        "first_page": first_page,
         "newest": f"?{urlencode(filters)}",
+        "error": error,
     }
-    return render(request, "events.html", context, session=session)
+    return render(
+        request, "events.html", context, session=session, status_code=422 if error else 200
+    )
 
 
 @router.get("/events/{event_id}")

@@ -27,7 +27,9 @@ _KEY_LABEL = b"eventgate console session v1"
 
 
 def token_matches(given: str, token: str) -> bool:
-    """Constant time: response timing must not reveal how much of a guess matched."""
+    """Constant time: response timing must not reveal how much of a guess matched. Compared
+    as UTF-8 bytes: ``compare_digest`` raises on ``str`` with non-ASCII characters, which a
+    form field or a cookie can carry."""
     return hmac.compare_digest(given.encode(), token.encode())
 
 
@@ -36,7 +38,7 @@ def new_sign_in_nonce() -> str:
 
 
 def sign_in_nonce_matches(cookie: str | None, field: str | None) -> bool:
-    return bool(cookie) and bool(field) and hmac.compare_digest(str(cookie), str(field))
+    return bool(cookie) and bool(field) and token_matches(str(cookie), str(field))
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +74,7 @@ class SessionSigner:
             return None
         session_id, expires, signature = value.split(".")
         expected = self._sign(f"session|{session_id}.{expires}")
-        if not hmac.compare_digest(signature, expected) or not expires.isdigit():
+        if not token_matches(signature, expected) or not expires.isdigit():
             return None
         if int(expires) <= self.clock():
             return None
@@ -82,4 +84,4 @@ class SessionSigner:
         return self._sign(f"csrf|{session.id}")
 
     def csrf_matches(self, session: Session, given: str | None) -> bool:
-        return bool(given) and hmac.compare_digest(str(given), self.csrf_token(session))
+        return bool(given) and token_matches(str(given), self.csrf_token(session))

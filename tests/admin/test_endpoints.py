@@ -298,6 +298,12 @@ def _cursor(value: object) -> str:
         "/v1/llm-calls?cursor=" + _cursor(["0001-01-01T00:00:00+14:00", "llm_x"]),
         "/v1/events?since=9999-12-31T23:59:59-14:00",
         "/v1/llm-calls?until=0001-01-01T00:00:00%2B14:00",
+        # Years past 9999, and epoch seconds past it or before year 1.
+        "/v1/events?since=99999-01-01T00:00:00Z",
+        "/v1/llm-calls?since=%2B099999-01-01",
+        "/v1/llm-calls?until=100000000000000000000",
+        "/v1/events?since=-100000000000000000000",
+        "/v1/llm-calls?until=1e308",
         # NUL, which PostgreSQL refuses in text.
         "/v1/events?cursor=" + _cursor(["2026-01-01T00:00:00+00:00", "evt_\u0000"]),
         "/v1/events?source=a%00b",

@@ -3,6 +3,9 @@ become one sentence naming the URL, never the token."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
+
 import httpx
 import pytest
 
@@ -68,3 +71,37 @@ def test_a_gateway_that_does_not_answer_in_time() -> None:
     with client(httpx.MockTransport(answer)) as admin, pytest.raises(GatewayUnreachable) as info:
         admin.events()
     assert str(info.value) == f"the gateway at {URL} did not answer within 10.0s"
+
+
+def test_an_answer_is_read_up_to_max_bytes() -> None:
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=b'{"items": [], "total": 0}' + b" " * 1000)
+
+    small = AdminClient(url=URL, token=TOKEN, transport=httpx.MockTransport(answer), max_bytes=1000)
+    with small as admin, pytest.raises(UnexpectedAnswer) as info:
+        admin.events()
+    assert "more than" in str(info.value)
+    exact = AdminClient(url=URL, token=TOKEN, transport=httpx.MockTransport(answer), max_bytes=1025)
+    with exact as admin:
+        assert admin.events()["total"] == 0
+
+
+def test_an_answer_dripping_slower_than_the_whole_answer_may_take_is_cut_off() -> None:
+    """Each byte comes within the read timeout, the whole answer never."""
+
+    def drip() -> Iterator[bytes]:
+        while True:
+            time.sleep(0.02)
+            yield b" "
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=drip())
+
+    slow = AdminClient(
+        url=URL, token=TOKEN, transport=httpx.MockTransport(answer), answer_seconds=0.3
+    )
+    started = time.monotonic()
+    with slow as admin, pytest.raises(GatewayUnreachable) as info:
+        admin.events()
+    assert time.monotonic() - started < 5
+    assert str(info.value) == f"the gateway at {URL} did not finish its answer within 0.3s"
