@@ -13,7 +13,7 @@ from pydantic import BaseModel
 
 T = TypeVar("T")
 
-EventStatusName = Literal["queued", "processing", "published", "no_action", "dead_lettered"]
+EventStatusName = Literal["queued", "processing", "held", "published", "no_action", "dead_lettered"]
 
 
 class Window(BaseModel, Generic[T]):

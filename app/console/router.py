@@ -46,6 +46,7 @@ PAGE_SIZE = 50
 STATUSES: tuple[EventStatusName, ...] = (
     "queued",
     "processing",
+    "held",
     "published",
     "no_action",
     "dead_lettered",
