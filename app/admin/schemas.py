@@ -76,3 +76,9 @@ class ReplayAccepted(BaseModel):
     event_id: str
     generation: int
     status: Literal["queued"] = "queued"
+
+
+class EventReplayAccepted(BaseModel):
+    event_id: str
+    generation: int
+    status: Literal["queued"] = "queued"
