@@ -19,10 +19,18 @@ from app.source_config import SourceConfig
 
 class EventStatus:
     """The stored states of an event. A delivery a filter drops is answered ``filtered`` and
-    counted, but never stored, so it has no status here."""
+    counted, but never stored, so it has no status here.
+
+    ``held``: the decision is stored, and every tool call of it still to publish has no topic,
+    so the relay will never send it. Not final: the event is done with as far as the gateway
+    can take it, but a tool call of it was not published (``published`` says they all were).
+    A topic configured later does not release them: the topic is stored with each call when
+    it is decided.
+    """
 
     QUEUED = "queued"
     PROCESSING = "processing"
+    HELD = "held"
     PUBLISHED = "published"
     NO_ACTION = "no_action"
     DEAD_LETTERED = "dead_lettered"

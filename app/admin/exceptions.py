@@ -6,7 +6,8 @@ AppError
 ├── InvalidCursor 400        a ``cursor`` this API did not hand out
 ├── EventNotFound 404
 ├── DeadLetterNotFound 404
-└── ReplayConflict 409       dead letter already replayed, or its event moved on
+└── ReplayConflict 409       dead letter already replayed, its event moved on, or the event
+                             to replay is not held
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from app.admin.repository import DeadLetterFilter, EventFilter, LlmCallFilter
 from app.admin.schemas import (
     DeadLetterOut,
     EventDetail,
+    EventReplayAccepted,
     EventStatusName,
     EventSummary,
     Page,
@@ -79,6 +80,16 @@ async def list_events(
     """Stored events, newest first."""
     flt = EventFilter(status=status, source=source, since=since)
     return await service.events(flt, limit=limit, cursor=cursor)
+
+
+@router.post("/v1/events/{event_id}/replay", status_code=202, response_model=EventReplayAccepted)
+async def replay_held_event(
+    event_id: Annotated[str, Path(pattern=_NO_NUL, max_length=512)], service: AdminServiceDep
+) -> EventReplayAccepted:
+    """Put a `held` event back on its queue as a new generation, once its tools have a
+    topic: Claude decides again and the new tool calls are published (the held ones stay
+    unpublished). 409 unless the event is `held`."""
+    return await service.replay_held(event_id)
 
 
 @router.get("/v1/llm-calls", response_model=Page[dict[str, Any]])

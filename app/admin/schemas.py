@@ -13,7 +13,7 @@ from pydantic import BaseModel
 
 T = TypeVar("T")
 
-EventStatusName = Literal["queued", "processing", "published", "no_action", "dead_lettered"]
+EventStatusName = Literal["queued", "processing", "held", "published", "no_action", "dead_lettered"]
 
 
 class Window(BaseModel, Generic[T]):
@@ -73,6 +73,12 @@ class EventDetail(EventSummary):
 
 class ReplayAccepted(BaseModel):
     dead_letter_id: int
+    event_id: str
+    generation: int
+    status: Literal["queued"] = "queued"
+
+
+class EventReplayAccepted(BaseModel):
     event_id: str
     generation: int
     status: Literal["queued"] = "queued"

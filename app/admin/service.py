@@ -1,8 +1,10 @@
-"""Admin logic: what happened to an event, the audit log, dead letters and their replay.
+"""Admin logic: what happened to an event, the audit log, dead letters and their replay, and
+the replay of a held event.
 
-Replay invariant: the event row is locked, reset (status ``queued``, a new generation) and
-only committed after its entry is on the stream, so a worker never sees the entry before the
-reset (on PostgreSQL it waits for the lock) and a failed XADD leaves the dead letter as it was.
+Replay invariant (both replays): the event row is locked, reset (status ``queued``, a new
+generation) and only committed after its entry is on the stream, so a worker never sees the
+entry before the reset (on PostgreSQL it waits for the lock) and a failed XADD leaves the
+dead letter, or the held event, as it was.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from app.admin.repository import AdminRepository, DeadLetterFilter, EventFilter,
 from app.admin.schemas import (
     DeadLetterOut,
     EventDetail,
+    EventReplayAccepted,
     EventSummary,
     Page,
     ReplayAccepted,
@@ -35,11 +38,11 @@ from app.admin.schemas import (
     Window,
 )
 from app.errors import QueueUnavailable
-from app.events import EventStatus, make_event
+from app.events import Event, EventStatus, make_event
 from app.queue.requeue import requeue_event
 from app.queue.streams import EventQueue
 from app.source_config import SourceConfig
-from app.store.models import utcnow
+from app.store.models import EventRow, utcnow
 from app.store.repository import (
     DeadLetterRepository,
     EventRepository,
@@ -206,30 +209,8 @@ class AdminService:
                 raise ReplayConflict(
                     f"event {row.id} is {row.status}, not dead_lettered: nothing to replay"
                 )
-            row.replays += 1
-            row.status = EventStatus.QUEUED
-            row.deliveries = 0
-            row.error = None
-            row.updated_at = dead.replayed_at = utcnow()
-            await session.flush()
-            event = make_event(
-                id=row.id,
-                source=row.source,
-                config=self.sources.get(row.source),
-                type=row.type,
-                group_key=row.group_key,
-                delivery_id=row.delivery_id,
-                pipeline=row.pipeline,
-                received_at=as_utc(row.received_at),
-                payload=row.payload,
-                generation=row.replays,
-            )
-            try:
-                partition = await requeue_event(self.queue, event)
-            except (RedisError, OSError) as exc:
-                await session.rollback()
-                raise QueueUnavailable("the event queue is unreachable; retry later") from exc
-            await session.commit()
+            dead.replayed_at = now = utcnow()
+            event, partition = await self._requeue(session, row, now=now)
         log.info(
             "dead_letter_replayed",
             dead_letter_id=dead_letter_id,
@@ -241,6 +222,57 @@ class AdminService:
         return ReplayAccepted(
             dead_letter_id=dead_letter_id, event_id=event.id, generation=event.generation
         )
+
+    async def replay_held(self, event_id: str) -> EventReplayAccepted:
+        """Send a ``held`` event through the pipeline again, as a new generation: once its
+        tools have a topic, the new decision's calls are published. Its held calls stay as
+        they are (history), never published."""
+        async with self.sessions() as session:
+            row = await AdminRepository(session).lock_event(event_id)
+            if row is None:
+                raise EventNotFound(f"no stored event {event_id}")
+            if row.status != EventStatus.HELD:
+                raise ReplayConflict(f"event {row.id} is {row.status}, not held: nothing to replay")
+            event, partition = await self._requeue(session, row, now=utcnow())
+        log.info(
+            "held_event_replayed",
+            event_id=event.id,
+            source=event.source,
+            partition=partition,
+            generation=event.generation,
+        )
+        return EventReplayAccepted(event_id=event.id, generation=event.generation)
+
+    async def _requeue(
+        self, session: AsyncSession, row: EventRow, *, now: datetime
+    ) -> tuple[Event, int]:
+        """Reset the locked event row to a new generation and put the event on its stream;
+        the reset is committed only once the entry is added (the module's invariant)."""
+        row.replays += 1
+        row.status = EventStatus.QUEUED
+        row.deliveries = 0
+        row.error = None
+        row.updated_at = now
+        await session.flush()
+        event = make_event(
+            id=row.id,
+            source=row.source,
+            config=self.sources.get(row.source),
+            type=row.type,
+            group_key=row.group_key,
+            delivery_id=row.delivery_id,
+            pipeline=row.pipeline,
+            received_at=as_utc(row.received_at),
+            payload=row.payload,
+            generation=row.replays,
+        )
+        try:
+            partition = await requeue_event(self.queue, event)
+        except (RedisError, OSError) as exc:
+            await session.rollback()
+            raise QueueUnavailable("the event queue is unreachable; retry later") from exc
+        await session.commit()
+        return event, partition
 
 
 def _counted(window: Window[T], total: int | None) -> Page[T]:

@@ -20,6 +20,7 @@ from rich.text import Text
 STATUS_STYLES = {
     "queued": "yellow",
     "processing": "yellow",
+    "held": "magenta",
     "published": "green",
     "no_action": "cyan",
     "filtered": "cyan",

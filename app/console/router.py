@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from typing import Annotated
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 import structlog
 from fastapi import APIRouter, Path, Query, Request
@@ -46,6 +46,7 @@ PAGE_SIZE = 50
 STATUSES: tuple[EventStatusName, ...] = (
     "queued",
     "processing",
+    "held",
     "published",
     "no_action",
     "dead_lettered",
@@ -202,10 +203,11 @@ def _events_page(
     )
 
 
+EventId = Annotated[str, Path(max_length=64, pattern=r"^[^\x00]*$")]
+
+
 @router.get("/events/{event_id}")
-async def event(
-    request: Request, event_id: Annotated[str, Path(max_length=64, pattern=r"^[^\x00]*$")]
-) -> Response:
+async def event(request: Request, event_id: EventId, replayed: int = 0) -> Response:
     session = gate(request)
     if not isinstance(session, Session):
         return session
@@ -213,7 +215,22 @@ async def event(
         detail = await console_access(request).admin.service.event(event_id)
     except AppError as exc:
         return refused(request, exc.status_code, "No such event", exc.message)
-    return render(request, "event.html", {"event": detail}, session=session)
+    context = {"event": detail, "replayed": replayed}
+    return render(request, "event.html", context, session=session)
+
+
+@router.post("/events/{event_id}/replay")
+async def replay_held(request: Request, event_id: EventId) -> Response:
+    posted = await checked_post(request)
+    if isinstance(posted, Response):
+        return posted
+    try:
+        await console_access(request).admin.service.replay_held(event_id)
+    except AppError as exc:
+        return refused(request, exc.status_code, "Not replayed", exc.message)
+    return RedirectResponse(
+        f"{COOKIE_PATH}/events/{quote(event_id, safe='')}?replayed=1", status_code=303
+    )
 
 
 @router.get("/dead-letters")

@@ -228,7 +228,7 @@ class EventProcessor:
                 return
             decision = Decision(
                 event_id=event.id,
-                status=EventStatus.PROCESSING if rows else EventStatus.NO_ACTION,
+                status=decided_status(rows),
                 error="; ".join(notes) or None,
                 epoch=epoch,
                 call_id=result.call_id,
@@ -256,10 +256,10 @@ class EventProcessor:
                 raise
             await self._unstorable(event, result, outcome, exc, epoch=epoch, log_=log_)
             return
-        if rows:
+        if decision.status == EventStatus.PROCESSING:
             self.on_stored()
         else:
-            EVENTS_FINISHED.labels(status=EventStatus.NO_ACTION).inc()
+            EVENTS_FINISHED.labels(status=decision.status).inc()
         log_.info(
             "llm_decided",
             model=reply.model,
@@ -317,6 +317,17 @@ class EventProcessor:
         await self.trail.complete(result.call_id, scrubbed)
         await self.dead_letters.add(event.id, stage="worker", reason=reason, epoch=epoch)
         log_.error("decision_unstorable", error=refused)
+
+
+def decided_status(rows: Sequence[OutboxRow]) -> str:
+    """The event's status once its decision is stored: ``no_action`` without tool calls,
+    ``held`` when none of them has a topic (the relay sends none of them), else
+    ``processing`` until the relay has published the ones that have one."""
+    if not rows:
+        return EventStatus.NO_ACTION
+    if all(row.topic_arn is None for row in rows):
+        return EventStatus.HELD
+    return EventStatus.PROCESSING
 
 
 def _event_fields(event: Event) -> dict[str, Any]:

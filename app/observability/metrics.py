@@ -23,7 +23,9 @@ LLM_DURATION = Histogram(
 LLM_TOKENS = Counter("eventgate_llm_tokens_total", "Tokens by type", ["model", "type"])
 PUBLISHED = Counter("eventgate_published_total", "SNS publishes by outcome", ["topic", "outcome"])
 DEAD_LETTERS = Counter("eventgate_dead_letters_total", "Dead-lettered events", ["stage"])
-EVENTS_FINISHED = Counter("eventgate_events_finished_total", "Events by final status", ["status"])
+EVENTS_FINISHED = Counter(
+    "eventgate_events_finished_total", "Events by final status, or held", ["status"]
+)
 END_TO_END = Histogram(
     "eventgate_end_to_end_seconds",
     "Webhook received → last tool call published",

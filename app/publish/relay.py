@@ -238,7 +238,8 @@ class OutboxRelay:
         self, published: list[tuple[OutboxRow, Published]], *, outcome: str
     ) -> None:
         """Mark a round's published rows and finish their events: one transaction, three
-        statements whatever the round's size."""
+        statements whatever the round's size (a fourth when some events are left with only
+        held calls: they become ``held``)."""
         if not published:
             return
         async with self.sessions() as session:
@@ -247,10 +248,13 @@ class OutboxRelay:
                 [(row.id, result.message_id, result.sequence_number) for row, result in published]
             )
             events = list(dict.fromkeys((r.event_id, r.generation) for r, _ in published))
-            finished = await EventRepository(session).finish_published(
-                await outbox.fully_published(events)
-            )
+            done = await outbox.finished(events)
+            repository = EventRepository(session)
+            finished = await repository.finish_published(done.published)
+            held = await repository.finish_held(done.held)
             await session.commit()
+        if held:
+            EVENTS_FINISHED.labels(status=EventStatus.HELD).inc(held)
         now = datetime.now(UTC)
         for received in finished:
             EVENTS_FINISHED.labels(status=EventStatus.PUBLISHED).inc()

@@ -62,7 +62,7 @@ OUTBOX_CONSTANTS = {"status": "pending", "attempts": "no_attempts", "created_at"
 @dataclass(frozen=True, slots=True)
 class Decision:
     event_id: str
-    status: str  # the event's status once stored: processing (rows to publish) or no_action
+    status: str  # once stored: processing (rows to publish), held (none has a topic), no_action
     error: str | None
     epoch: int  # the lease tenure of the worker that decided it
     call_id: str  # the attempt whose outcome this is

@@ -161,6 +161,18 @@ COMPLETE_LLM_CALL = (
 INSERT_LLM_CALL = insert(LLM_CALLS)
 
 
+# What the relay may finish as ``published``: a held event too, should its calls be published.
+UNPUBLISHED = (EventStatus.PROCESSING, EventStatus.HELD)
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """Events the relay's round finished: all published, or only held calls left."""
+
+    published: list[str]
+    held: list[str]
+
+
 @dataclass(frozen=True, slots=True)
 class Delivery:
     status: str
@@ -230,16 +242,28 @@ class EventRepository:
         return bool(getattr(result, "rowcount", 0))
 
     async def finish_published(self, event_ids: Sequence[str]) -> list[datetime]:
-        """``processing`` → ``published`` for these events; their ``received_at`` times."""
+        """``processing`` or ``held`` → ``published`` for these events; their ``received_at``
+        times."""
         if not event_ids:
             return []
         result = await self.session.execute(
             update(EVENTS)
-            .where(EVENTS.c.id.in_(event_ids), EVENTS.c.status == EventStatus.PROCESSING)
+            .where(EVENTS.c.id.in_(event_ids), EVENTS.c.status.in_(UNPUBLISHED))
             .values(status=EventStatus.PUBLISHED, error=None, updated_at=utcnow())
             .returning(EVENTS.c.received_at)
         )
         return list(result.scalars())
+
+    async def finish_held(self, event_ids: Sequence[str]) -> int:
+        """``processing`` → ``held`` for these events; how many moved."""
+        if not event_ids:
+            return 0
+        result = await self.session.execute(
+            update(EVENTS)
+            .where(EVENTS.c.id.in_(event_ids), EVENTS.c.status == EventStatus.PROCESSING)
+            .values(status=EventStatus.HELD, updated_at=utcnow())
+        )
+        return int(getattr(result, "rowcount", 0))
 
 
 class LlmCallRepository:
@@ -338,21 +362,30 @@ class OutboxRepository:
             .values(values)
         )
 
-    async def fully_published(self, events: Sequence[tuple[str, int]]) -> list[str]:
+    async def finished(self, events: Sequence[tuple[str, int]]) -> Finished:
         """Of these (event id, generation) pairs, the events whose rows of that generation
-        are all published (earlier generations are history)."""
+        are all published, and those whose only unpublished rows are held (pending without
+        a topic: the relay never sends them). Earlier generations are history."""
         if not events:
-            return []
+            return Finished(published=[], held=[])
+        held_row = (OUTBOX.c.status == OutboxStatus.PENDING) & OUTBOX.c.topic_arn.is_(None)
         result = await self.session.execute(
-            select(OUTBOX.c.event_id, OUTBOX.c.generation)
+            select(
+                OUTBOX.c.event_id,
+                OUTBOX.c.generation,
+                func.max(case((held_row, 0), else_=1)).label("to_publish"),
+            )
             .where(
                 OUTBOX.c.event_id.in_({event_id for event_id, _ in events}),
                 OUTBOX.c.status != OutboxStatus.PUBLISHED,
             )
-            .distinct()
+            .group_by(OUTBOX.c.event_id, OUTBOX.c.generation)
         )
-        unfinished = {(event_id, generation) for event_id, generation in result}
-        return [event_id for event_id, gen in events if (event_id, gen) not in unfinished]
+        unfinished = {(event_id, gen): bool(to_publish) for event_id, gen, to_publish in result}
+        return Finished(
+            published=[event_id for event_id, gen in events if (event_id, gen) not in unfinished],
+            held=[event_id for event_id, gen in events if unfinished.get((event_id, gen)) is False],
+        )
 
 
 class DeadLetterRepository:

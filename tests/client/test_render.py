@@ -6,7 +6,7 @@ from typing import Any
 
 from rich.console import Console
 
-from app.client.render import show_event
+from app.client.render import show_event, status
 
 
 def _event(**tool_call: Any) -> dict[str, Any]:
@@ -71,3 +71,7 @@ def test_a_failed_attempt_shows_its_error() -> None:
     assert "retry" in row
     assert "12 ms" in row
     assert "RateLimitError 429 from the API" in row
+
+
+def test_a_held_event_has_a_colour_of_its_own() -> None:
+    assert status("held").style not in ("", status("processing").style, status("published").style)

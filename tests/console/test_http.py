@@ -30,7 +30,11 @@ GET_ROUTES = [
     "/console/dead-letters",
     "/console/health",
 ]
-POST_ROUTES = ["/console/sign-out", "/console/dead-letters/1/replay"]
+POST_ROUTES = [
+    "/console/sign-out",
+    "/console/dead-letters/1/replay",
+    "/console/events/evt_x/replay",
+]
 T0 = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
 
 
@@ -119,6 +123,9 @@ def test_posts_without_the_sessions_csrf_token_are_refused(inprocess_gateway: An
         reply = client.post("/console/dead-letters/1/replay", data={"csrf": token})
         assert reply.status_code == 404
         assert "no dead letter 1" in reply.text
+        reply = client.post("/console/events/evt_x/replay", data={"csrf": token})
+        assert reply.status_code == 404
+        assert "no stored event evt_x" in reply.text
         out = client.post("/console/sign-out", data={"csrf": token})
         assert out.status_code == 303
         assert 'eventgate_console=""' in _cookie_header(out, "eventgate_console")

@@ -69,7 +69,7 @@ async def test_a_success_is_stored_and_not_bought_twice_when_redis_fails_after_i
     out = await h.rows(event.id)
     assert [c.status for c in out.calls] == ["ok"]
     assert len(out.outbox) == 1
-    assert out.event.status == "processing"  # stored, waiting for the relay
+    assert out.event.status == "held"  # stored; the tool has no topic
 
     outage["on"] = False
     await h.processor.process(event)  # the dispatcher's retry

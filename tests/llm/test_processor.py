@@ -64,7 +64,7 @@ async def test_retries_honour_retry_after_then_store_with_full_audit(
     assert all(c.prompt_hash and len(c.prompt_hash) == 64 for c in out.calls)
     assert out.calls[2].cost_usd == pytest.approx((100 * 3.0 + 20 * 15.0) / 1e6)
     assert len(out.outbox) == 1
-    assert out.event.status == "processing"  # the relay marks it published
+    assert out.event.status == "held"  # stored; the tool has no topic to publish to
 
 
 async def test_retry_after_is_clamped(api: respx.Router, harness: Harness) -> None:
@@ -307,3 +307,51 @@ async def test_audit_text_modes(
         assert "ghp_abcdefghijklmnop" not in (call.prompt_text or "")
         assert "[REDACTED:email]" in (call.prompt_text or "")
         assert "[REDACTED:email]" in (call.response_text or "")
+
+
+TOPIC = "arn:aws:sns:us-east-1:123456789012:alerts.fifo"
+# publishAlert has a topic, publishNote none.
+WITH_A_TOPIC = (
+    config_text()
+    .replace("    tools: [publishAlert]", "    tools: [publishAlert, publishNote]")
+    .replace(
+        "    description: Raise an alert.\n",
+        f"    description: Raise an alert.\n    topic_arn: {TOPIC}\n",
+    )
+    + """  publishNote:
+    description: Leave a note.
+    input_schema: {type: object}
+"""
+)
+
+
+@pytest.mark.parametrize(
+    ("tools", "status"),
+    [
+        (["publishNote"], "held"),  # nothing the relay could ever send
+        (["publishNote", "publishAlert"], "processing"),  # the relay sends publishAlert
+        (["publishAlert"], "processing"),
+    ],
+)
+async def test_a_decision_whose_calls_all_lack_a_topic_is_held(
+    api: respx.Router,
+    sessions: async_sessionmaker[AsyncSession],
+    redis: Redis,
+    redis_prefix: str,
+    tools: list[str],
+    status: str,
+) -> None:
+    harness = build(sessions=sessions, redis=redis, prefix=redis_prefix, text=WITH_A_TOPIC)
+    uses = [
+        tool_use(name, {} if name == "publishNote" else None, use_id=f"toolu_{n}")
+        for n, name in enumerate(tools)
+    ]
+    _script(api, reply(*uses))
+    event = make_event()
+    await harness.processor.process(event)
+    out = await harness.rows(event.id)
+    assert out.event.status == status
+    assert [(row.tool, row.topic_arn) for row in out.outbox] == [
+        (name, TOPIC if name == "publishAlert" else None) for name in tools
+    ]
+    assert [row.status for row in out.outbox] == ["pending"] * len(tools)

@@ -27,8 +27,10 @@ async def add_event(
     topic_arn: str,
     *,
     source: str = "github",
+    held_calls: int = 0,
 ) -> None:
-    """An event in ``processing`` with ``tool_calls`` outbox rows (ids in seq order)."""
+    """An event in ``processing`` with ``tool_calls`` outbox rows (ids in seq order), then
+    ``held_calls`` rows without a topic."""
     async with sessions() as session:
         session.add(
             EventRow(
@@ -45,7 +47,7 @@ async def add_event(
             )
         )
         await session.flush()
-        for seq in range(tool_calls):
+        for seq in range(tool_calls + held_calls):
             body = {
                 "tool": "publishAlert",
                 "input": {"n": seq},
@@ -67,7 +69,7 @@ async def add_event(
                     seq=seq,
                     llm_call_id="llm_x",
                     tool="publishAlert",
-                    topic_arn=topic_arn,
+                    topic_arn=topic_arn if seq < tool_calls else None,
                     group_id=message_group_id(group_key),
                     dedup_id=deduplication_id(event_id, seq),
                     body=orjson.dumps(body).decode(),

@@ -111,12 +111,12 @@ async def test_relay_marks_rows_and_finishes_only_fully_published_events(
         # evt_a's second row is not published yet; evt_b's only row is.
         published = [(ids["evt_a", 0], "m-a0", "1"), (ids["evt_b", 0], "m-b0", "2")]
         await outbox.mark_published(published)
-        done = await outbox.fully_published([("evt_a", 0), ("evt_b", 0)])
-        assert done == ["evt_b"]
-        received = await EventRepository(session).finish_published(done)
+        done = await outbox.finished([("evt_a", 0), ("evt_b", 0)])
+        assert (done.published, done.held) == (["evt_b"], [])
+        received = await EventRepository(session).finish_published(done.published)
         assert [r.replace(tzinfo=UTC) for r in received] == [datetime(2026, 11, 30, tzinfo=UTC)]
-        # Finishing twice does nothing: only `processing` events move on.
-        assert await EventRepository(session).finish_published(done) == []
+        # Finishing twice does nothing: only `processing` (or `held`) events move on.
+        assert await EventRepository(session).finish_published(done.published) == []
         await session.commit()
 
     async with db() as session:
@@ -128,6 +128,67 @@ async def test_relay_marks_rows_and_finishes_only_fully_published_events(
         assert rows["evt_b", 0].sns_sequence_number == "2"
         statuses = {e.id: e.status for e in await session.scalars(select(EventRow))}
         assert statuses == {"evt_a": EventStatus.PROCESSING, "evt_b": EventStatus.PUBLISHED}
+
+
+def _call(event_id: str, seq: int, *, topic_arn: str | None) -> OutboxRow:
+    return OutboxRow(
+        event_id=event_id,
+        source="github",
+        seq=seq,
+        generation=0,
+        llm_call_id="call",
+        tool="publishAlert",
+        topic_arn=topic_arn,
+        group_id="acme/api",
+        dedup_id=f"{event_id}-{seq}",
+        body="{}",
+    )
+
+
+async def test_an_event_left_with_only_held_calls_is_held_then_may_still_publish(
+    db: async_sessionmaker[AsyncSession],
+) -> None:
+    """evt_mixed: one call with a topic (published here) and one without (held);
+    evt_going: one call published and one with a topic still to go."""
+    topic = "arn:aws:sns:us-east-1:123456789012:t.fifo"
+    for event_id in ("evt_mixed", "evt_going"):
+        await _start(db, event_id)
+    async with db() as session:
+        session.add_all(
+            [
+                _call("evt_mixed", 0, topic_arn=topic),
+                _call("evt_mixed", 1, topic_arn=None),
+                _call("evt_going", 0, topic_arn=topic),
+                _call("evt_going", 1, topic_arn=topic),
+            ]
+        )
+        await session.commit()
+        ids = {(r.event_id, r.seq): r.id for r in (await session.scalars(select(OutboxRow)))}
+
+    async with db() as session:
+        outbox, events = OutboxRepository(session), EventRepository(session)
+        await outbox.mark_published(
+            [(ids["evt_mixed", 0], "m-0", None), (ids["evt_going", 0], "m-1", None)]
+        )
+        done = await outbox.finished([("evt_mixed", 0), ("evt_going", 0)])
+        assert (done.published, done.held) == ([], ["evt_mixed"])
+        assert await events.finish_held(done.held) == 1
+        assert await events.finish_held(done.held) == 0  # only `processing` events are held
+        await session.commit()
+    async with db() as session:
+        statuses = {e.id: e.status for e in await session.scalars(select(EventRow))}
+    assert statuses == {"evt_mixed": EventStatus.HELD, "evt_going": EventStatus.PROCESSING}
+
+    async with db() as session:  # should the held call be published after all
+        outbox, events = OutboxRepository(session), EventRepository(session)
+        await outbox.mark_published([(ids["evt_mixed", 1], "m-2", None)])
+        done = await outbox.finished([("evt_mixed", 0)])
+        assert (done.published, done.held) == (["evt_mixed"], [])
+        assert len(await events.finish_published(done.published)) == 1
+        await session.commit()
+    async with db() as session:
+        mixed = await session.get(EventRow, "evt_mixed")
+    assert mixed is not None and mixed.status == EventStatus.PUBLISHED
 
 
 async def test_a_nul_in_free_text_is_stored_escaped(db: async_sessionmaker[AsyncSession]) -> None:
