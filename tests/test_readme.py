@@ -1,11 +1,12 @@
 """What the README and docs/ promise about themselves: the README's config example passes
-`eventgate check-config`, and every setting the gateway reads is in the settings reference
-with its real default."""
+`eventgate check-config`, every setting the gateway reads is in the settings reference with
+its real default, and every relative link (and #anchor) resolves."""
 
 from __future__ import annotations
 
 import base64
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,22 @@ from app.settings import Settings
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 SETTINGS_REFERENCE = ROOT / "docs" / "reference.md"
+DOCUMENTS = [README, *sorted((ROOT / "docs").glob("*.md"))]
+
+FENCE = re.compile(r"^\s*```")
+HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+INLINE_CODE = re.compile(r"`[^`]*`")
+
+
+def prose_lines(text: str) -> Iterator[str]:
+    """The lines outside fenced code blocks."""
+    fenced = False
+    for line in text.splitlines():
+        if FENCE.match(line):
+            fenced = not fenced
+        elif not fenced:
+            yield line
 
 
 def section(text: str, title: str) -> str:
@@ -114,3 +131,60 @@ def test_the_settings_reference_gives_each_default_as_the_code_has_it() -> None:
             assert float(shown[0]) == default, name
         else:
             assert shown[0] == str(default), name
+
+
+# --- (c) links ----------------------------------------------------------------------------
+
+
+def github_anchor(heading: str) -> str:
+    """GitHub's id for a heading: the text as rendered, lowercased, punctuation dropped (word
+    characters, hyphens and spaces stay), spaces as hyphens."""
+    text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", heading)
+    return re.sub(r"[^\w\- ]", "", text.lower()).replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    seen: dict[str, int] = {}
+    for line in prose_lines(path.read_text()):
+        match = HEADING.match(line)
+        if match:
+            slug = github_anchor(match.group(2))
+            count = seen.get(slug, 0)
+            seen[slug] = count + 1
+            if count:
+                seen[f"{slug}-{count}"] = 1
+    return set(seen)
+
+
+def relative_links(path: Path) -> Iterator[str]:
+    for line in prose_lines(path.read_text()):
+        for target in LINK.findall(INLINE_CODE.sub("", line)):
+            if not re.match(r"^[a-z][a-z0-9+.-]*:", target):
+                yield target
+
+
+def test_every_relative_link_and_anchor_resolves() -> None:
+    broken = []
+    checked = 0
+    for document in DOCUMENTS:
+        for target in relative_links(document):
+            checked += 1
+            where, _, anchor = target.partition("#")
+            linked = (document.parent / where).resolve() if where else document
+            if not linked.exists():
+                broken.append(f"{document.relative_to(ROOT)}: {target} (no such file)")
+            elif anchor and linked.suffix == ".md" and anchor not in anchors(linked):
+                broken.append(f"{document.relative_to(ROOT)}: {target} (no such heading)")
+    assert checked > 20  # the links were found at all
+    assert broken == []
+
+
+def test_github_anchors_follow_githubs_rules() -> None:
+    assert github_anchor("GitHub (`type: github`)") == "github-type-github"
+    assert (
+        github_anchor("Claude call discipline (limits, retries, breaker, budgets, audit)")
+        == "claude-call-discipline-limits-retries-breaker-budgets-audit"
+    )
+    assert github_anchor("Walkthrough: a signed webhook to Claude's decision") == (
+        "walkthrough-a-signed-webhook-to-claudes-decision"
+    )
