@@ -82,17 +82,19 @@ def settings_fields() -> dict[str, object]:
     }
 
 
-def cli_envvars() -> set[str]:
-    """The environment variables the command line's options read (`--host`, `--url` ...)."""
-    found: set[str] = set()
+def cli_envvars() -> dict[str, set[str]]:
+    """The environment variables the command line's options read (`--host`, `--url` ...),
+    each with its defaults (`--port` has one per command)."""
+    found: dict[str, set[str]] = {}
 
     def walk(command: Any) -> None:
         for param in command.params:
             envvar = getattr(param, "envvar", None)
-            if isinstance(envvar, str):
-                found.add(envvar)
-            elif envvar:
-                found.update(envvar)
+            names = [envvar] if isinstance(envvar, str) else list(envvar or [])
+            for name in names:
+                found.setdefault(name, set())
+                if param.default is not None:
+                    found[name].add(str(param.default))
         # Typer's groups are not always click.Group instances (it may carry its own click).
         for child in getattr(command, "commands", {}).values():
             walk(child)
@@ -112,7 +114,7 @@ def reference_rows() -> dict[str, str]:
 
 
 def test_every_setting_the_gateway_reads_is_in_the_settings_reference() -> None:
-    read = set(settings_fields()) | cli_envvars()
+    read = set(settings_fields()) | set(cli_envvars())
     rows = reference_rows()
 
     assert sorted(read - set(rows)) == []
@@ -121,6 +123,8 @@ def test_every_setting_the_gateway_reads_is_in_the_settings_reference() -> None:
 
 def test_the_settings_reference_gives_each_default_as_the_code_has_it() -> None:
     rows = reference_rows()
+    for name, defaults in cli_envvars().items():
+        assert defaults <= set(re.findall(r"`([^`]*)`", rows[name])), name
     for name, default in settings_fields().items():
         shown = re.findall(r"`([^`]*)`", rows[name])
         if default is None:
