@@ -73,6 +73,12 @@ def assignments(command: str) -> dict[str, str]:
     return found
 
 
+def eventgate() -> list[str]:
+    """The `eventgate` command `make run` installs next to this interpreter (.venv/bin)."""
+    script = Path(sys.executable).parent / "eventgate"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "app"]
+
+
 @dataclass
 class Running:
     url: str
@@ -107,7 +113,7 @@ def running(tmp_path: Path) -> Iterator[Running]:
     log = tmp_path / "gateway.log"
     with log.open("wb") as out:
         gateway = subprocess.Popen(
-            [str(Path(sys.executable).parent / "eventgate"), "serve", "--port", str(port)],
+            [*eventgate(), "serve", "--port", str(port)],
             env=clean_env(**env),
             cwd=tmp_path,  # the default SQLite file lands here, not in the checkout
             stdout=out,
@@ -172,10 +178,10 @@ def test_the_walkthrough_ends_on_claudes_decision(running: Running) -> None:
     assert assignments(show)["EVENTGATE_ADMIN_TOKEN"] == running.token
     [line] = [line for line in show.splitlines() if "events show" in line]
     words = shlex.split(line)
-    words[0] = str(Path(sys.executable).parent / "eventgate")  # .venv/bin/eventgate
-    words = [
+    assert words[0] == ".venv/bin/eventgate"
+    words = eventgate() + [
         event_id if re.fullmatch(r"evt_[0-9a-f]+", w) else w.replace(README_PORT, port)
-        for w in words
+        for w in words[1:]
     ]
     printed = subprocess.run(
         words,
