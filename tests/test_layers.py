@@ -1,4 +1,4 @@
-"""The stages import only what is below them (the README's "How it works" says so)."""
+"""The stages import only what is below them (docs/how-it-works.md says so)."""
 
 from __future__ import annotations
 

@@ -68,8 +68,8 @@ async def check_partition_count(
             f"made with {stored} partitions: with another count a group key's next events "
             "would go to another stream than its queued ones, out of order. Set "
             f"EVENTGATE_PARTITIONS={stored}, or change the count with `eventgate repartition "
-            f"{partitions}` once the queue is drained and every process is stopped (README, "
-            "'Changing the partition count')."
+            f"{partitions}` once the queue is drained and every process is stopped "
+            "(docs/operations.md, 'Changing the partition count')."
         )
     return stored
 

@@ -1,7 +1,7 @@
 """A bad day: Redis flapping must not dead-letter the events that were in flight.
 
-The README: "A failure of an unreachable Redis or database never counts: the event waits for
-it." The worker kept that promise for its own counter, but every call of
+docs/how-it-works.md: "A failure of an unreachable Redis or database never counts: the event
+waits for it." The worker kept that promise for its own counter, but every call of
 ``EventProcessor.process`` began with ``start_delivery``, which added one to the event row's
 ``deliveries``, and ``process`` dead-letters the event once ``deliveries >
 EVENTGATE_MAX_DELIVERIES``: five in-place retries while Redis (breaker, rate limiter and

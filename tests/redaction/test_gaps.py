@@ -199,7 +199,7 @@ def test_a_form_body_in_a_binary_cloudevent_is_redacted(
 
 
 def test_binary_data_in_base64_is_not_read() -> None:
-    """What the README says of binary CloudEvents: ``data_base64`` is stored as sent."""
+    """What docs/sources.md says of binary CloudEvents: ``data_base64`` is stored as sent."""
     data = base64.b64encode(b"password=hunter2").decode()
     payload = {"specversion": "1.0", "datacontenttype": "application/octet-stream"}
     payload["data_base64"] = data

@@ -234,7 +234,7 @@ tools:
 def test_an_integer_beyond_64_bits_is_queued_as_the_nearest_double(
     make_settings: Callable[..., Settings], redis_url: str
 ) -> None:
-    """What the README says of "exactly as sent": JSON numbers are 64-bit integers or
+    """What docs/sources.md says of "exactly as sent": JSON numbers are 64-bit integers or
     doubles, whatever the redaction setting (the limit of the JSON parser)."""
     if redis_url.startswith("memory://"):
         pytest.skip("needs a real Redis to read the stream from outside the process")
