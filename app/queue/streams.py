@@ -67,7 +67,7 @@ BY_DELIVERY, CREATED, BY_REPLAY = 0, 1, 2
 
 # A queued event is kept deflated when that makes it smaller: a backlog is mostly payload
 # JSON, and deflate at its fastest level takes the benchmark's GitHub event from 654 to 363
-# bytes for under 10 µs (docs/benchmarks.md). An event is a JSON object, so its first byte
+# bytes (docs/benchmarks.md). An event is a JSON object, so its first byte
 # is "{", never the "x" a zlib stream starts with; an entry written plain (before this, or
 # by an operator) reads as it is.
 _DEFLATED = b"x"
