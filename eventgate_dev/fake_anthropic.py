@@ -11,7 +11,14 @@ fails every request until then. ``answered`` keeps the request id of every answe
 reports the system prompt and tools as a cache write the first time a prefix is seen and as a
 cache read afterwards, like prompt caching does.
 
-    python -m eventgate_dev.fake_anthropic --port 8787 --latency 0.2
+``personas`` makes it answer differently per model or per system prompt, so tests comparing
+two pipelines see real disagreements: a ``Persona`` names the tool it calls (or none), which
+enum value it picks, and the share of its answers whose enum values and numbers vary at
+random (a model that is not consistent with itself). A persona is chosen by the request's
+model name, or by a ``system:TEXT`` key whose TEXT the system prompt contains (those first).
+
+    python -m eventgate_dev.fake_anthropic --port 8787 --latency 0.2 \
+        [--persona claude-haiku-4-5=enum:last,vary:0.2] [--persona "system:v2=tool:none"]
 """
 
 from __future__ import annotations
@@ -32,6 +39,33 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
+
+
+@dataclass(frozen=True)
+class Persona:
+    """How one model (or system prompt) answers: ``tool`` is the offered tool it calls (None:
+    the first offered; "none": no tool at all), ``enum`` the value it picks ("first" or
+    "last"), ``vary`` the share of answers whose enum values and numbers are drawn at
+    random instead (seeded, so a run is repeatable)."""
+
+    tool: str | None = None
+    enum: str = "first"
+    vary: float = 0.0
+    seed: int = 0
+
+    @classmethod
+    def parse(cls, text: str) -> Persona:
+        """``tool:NAME,enum:last,vary:0.2,seed:1`` (each part optional)."""
+        parts = dict(part.split(":", 1) for part in text.split(",") if part)
+        unknown = set(parts) - {"tool", "enum", "vary", "seed"}
+        if unknown or parts.get("enum", "first") not in ("first", "last"):
+            raise ValueError(f"persona {text!r}: parts are tool:, enum:first|last, vary:, seed:")
+        return cls(
+            tool=parts.get("tool"),
+            enum=parts.get("enum", "first"),
+            vary=float(parts.get("vary", 0)),
+            seed=int(parts.get("seed", 0)),
+        )
 
 
 @dataclass
@@ -62,6 +96,19 @@ class FakeBehaviour:
     # (time.monotonic() when received, HTTP status answered) per request.
     log: list[tuple[float, int]] = field(default_factory=list)
     cached_prefixes: set[str] = field(default_factory=set)
+    # model name, or "system:TEXT" (matched in the system prompt) → how it answers
+    personas: dict[str, Persona] = field(default_factory=dict)
+    _rngs: dict[Persona, random.Random] = field(default_factory=dict)
+
+    def persona_for(self, body: dict[str, Any]) -> Persona:
+        system = repr(body.get("system") or "")
+        for key, persona in self.personas.items():
+            if key.startswith("system:") and key[len("system:") :] in system:
+                return persona
+        return self.personas.get(str(body.get("model")), Persona())
+
+    def rng(self, persona: Persona) -> random.Random:
+        return self._rngs.setdefault(persona, random.Random(persona.seed))
 
     def fault_for(self, number: int, now: float) -> int | None:
         if self.faults:
@@ -87,36 +134,55 @@ class FakeBehaviour:
         }
 
 
-def _sample(schema: dict[str, Any], hints: dict[str, str]) -> Any:
+def _first(values: list[Any]) -> Any:
+    return values[0]
+
+
+def _last(values: list[Any]) -> Any:
+    return values[-1]
+
+
+def _sample(schema: dict[str, Any], hints: dict[str, str], pick: Any = _first) -> Any:
     kind = schema.get("type")
     if "enum" in schema:
-        return schema["enum"][0]
+        return pick(schema["enum"])
     if kind == "object":
         props = schema.get("properties", {})
-        return {name: _sample(props.get(name, {}), hints) for name in schema.get("required", [])}
+        return {
+            name: _sample(props.get(name, {}), hints, pick) for name in schema.get("required", [])
+        }
     if kind in ("integer", "number"):
-        return 1
+        return pick([1, 2, 3])
     if kind == "boolean":
-        return True
+        return pick([True, False])
     if kind == "array":
         return []
     return f"{hints.get('event type', 'event')} in {hints.get('group', '?')}"
 
 
-def default_answer(request: dict[str, Any]) -> list[dict[str, Any]]:
+def default_answer(
+    request: dict[str, Any], persona: Persona | None = None, rng: random.Random | None = None
+) -> list[dict[str, Any]]:
+    persona = persona or Persona()
     tools = request.get("tools") or []
-    if not tools:
+    if not tools or persona.tool == "none":
         return [{"type": "text", "text": "nothing to do"}]
     prompt = str(request["messages"][-1]["content"])
     hints = dict(re.findall(r"^(event type|group|source): (.*)$", prompt, re.MULTILINE))
-    tool = tools[0]
+    named = [t for t in tools if t["name"] == persona.tool]
+    tool = named[0] if named else tools[0]
+    pick: Any = _first
+    if rng is not None and persona.vary and rng.random() < persona.vary:
+        pick = rng.choice
+    elif persona.enum == "last":
+        pick = _last
     return [
         {"type": "text", "text": "Raising this with the team."},
         {
             "type": "tool_use",
             "id": f"toolu_{uuid.uuid4().hex[:20]}",
             "name": tool["name"],
-            "input": _sample(tool.get("input_schema", {}), hints),
+            "input": _sample(tool.get("input_schema", {}), hints, pick),
         },
     ]
 
@@ -157,9 +223,10 @@ def build_app(behaviour: FakeBehaviour) -> Starlette:
                     status_code=status,
                     headers={"request-id": request_id, "retry-after": "0"},
                 )
+            persona = behaviour.persona_for(body)
             content = (
                 behaviour.responder(body) if behaviour.responder else None
-            ) or default_answer(body)
+            ) or default_answer(body, persona, behaviour.rng(persona))
             uses_tool = any(block["type"] == "tool_use" for block in content)
             return JSONResponse(
                 {
@@ -259,8 +326,19 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8787)
     parser.add_argument("--latency", type=float, default=0.0)
     parser.add_argument("--jitter", type=float, default=0.0)
+    parser.add_argument(
+        "--persona",
+        action="append",
+        default=[],
+        metavar="MODEL=SPEC",
+        help="how MODEL (or system:TEXT) answers: tool:NAME|none,enum:first|last,vary:0.2",
+    )
     args = parser.parse_args()
-    behaviour = FakeBehaviour(latency=args.latency, jitter=args.jitter)
+    personas = {}
+    for item in args.persona:
+        key, _, spec = item.partition("=")
+        personas[key] = Persona.parse(spec)
+    behaviour = FakeBehaviour(latency=args.latency, jitter=args.jitter, personas=personas)
     config = uvicorn.Config(
         build_app(behaviour), host=args.host, port=args.port, log_level="warning"
     )
