@@ -16,6 +16,7 @@ STAGES = (
     "admin",
     "observability",
     "console",
+    "evaluate",
 )
 # Nothing under a stage imports these: they build and hold the whole app.
 FACTORY = ("app.main", "app.roles", "app.state", "app.cli", "app.serving")
