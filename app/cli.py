@@ -17,6 +17,7 @@ from app.client.commands import events
 from app.config import ConfigError, GatewayConfig, load_config
 from app.observability.logging import configure_logging
 from app.ready import GatewayServer
+from app.rerun_cli import consistency, replay
 from app.secret_policy import development_keys, refusal
 from app.serving import http_protocol
 from app.settings import Settings
@@ -27,6 +28,8 @@ app = typer.Typer(
     add_completion=False,
 )
 app.add_typer(events, name="events")
+app.command()(replay)
+app.command()(consistency)
 
 
 def _version(show: bool) -> None:

@@ -19,7 +19,15 @@ STAGES = (
     "evaluate",
 )
 # Nothing under a stage imports these: they build and hold the whole app.
-FACTORY = ("app.main", "app.roles", "app.state", "app.cli", "app.serving")
+FACTORY = (
+    "app.main",
+    "app.roles",
+    "app.state",
+    "app.cli",
+    "app.serving",
+    "app.reruns",
+    "app.rerun_cli",
+)
 # Stages that run after ingest never reach back into it.
 NOT_INGEST = ("queue", "decide", "llm", "publish", "store", "sources")
 

@@ -19,7 +19,7 @@ from app.events import Event
 from app.llm.attempts import Attempt, usage_of
 from app.llm.client import ClaudeError, ClaudeReply
 from app.llm.pricing import PriceTable
-from app.store.models import LlmCallRow, LlmCallStatus
+from app.store.models import CallPurpose, LlmCallRow, LlmCallStatus
 from app.store.repository import LlmCallRepository
 
 
@@ -31,9 +31,12 @@ class AuditRecorder:
     def cost_usd(self, reply: ClaudeReply) -> float:
         return self.prices.cost_usd(reply.model, usage_of(reply))
 
-    def started_row(self, event: Event, attempt: Attempt, *, call_id: str) -> LlmCallRow:
+    def started_row(
+        self, event: Event, attempt: Attempt, *, call_id: str, purpose: str = CallPurpose.LIVE
+    ) -> LlmCallRow:
         return LlmCallRow(
             **self._common(event, attempt, call_id=call_id),
+            purpose=purpose,
             model=attempt.request.model,
             status=LlmCallStatus.UNKNOWN,
             latency_ms=0.0,
@@ -117,16 +120,19 @@ class AuditTrail:
         self.autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
         self.recorder = recorder
 
-    def of(self, event: Event) -> EventAttempts:
-        """The attempt log the guarded caller writes for ``event``."""
-        return EventAttempts(self, event)
+    def of(self, event: Event, *, purpose: str = CallPurpose.LIVE) -> EventAttempts:
+        """The attempt log the guarded caller writes for ``event`` (``purpose``: live, or a
+        run that publishes nothing)."""
+        return EventAttempts(self, event, purpose=purpose)
 
-    async def begin(self, event: Event, attempt: Attempt) -> str:
+    async def begin(
+        self, event: Event, attempt: Attempt, *, purpose: str = CallPurpose.LIVE
+    ) -> str:
         """The row of an attempt about to be made, outcome unknown; returns its id."""
         call_id = new_call_id()
         async with self.autocommit.connect() as connection:
             await LlmCallRepository(connection).add(
-                self.recorder.started_row(event, attempt, call_id=call_id)
+                self.recorder.started_row(event, attempt, call_id=call_id, purpose=purpose)
             )
         return call_id
 
@@ -138,12 +144,13 @@ class AuditTrail:
 class EventAttempts:
     """``app.llm.attempts.AttemptLog`` for one event's attempts."""
 
-    def __init__(self, trail: AuditTrail, event: Event) -> None:
+    def __init__(self, trail: AuditTrail, event: Event, *, purpose: str) -> None:
         self.trail = trail
         self.event = event
+        self.purpose = purpose
 
     async def begin(self, attempt: Attempt) -> str:
-        return await self.trail.begin(self.event, attempt)
+        return await self.trail.begin(self.event, attempt, purpose=self.purpose)
 
     async def failed(self, call_id: str, attempt: Attempt, exc: ClaudeError) -> None:
         await self.trail.complete(call_id, self.trail.recorder.failure_outcome(attempt, exc))

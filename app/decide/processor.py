@@ -29,6 +29,7 @@ from app.decide.prompts import render_event, system_blocks, tool_definitions
 from app.decide.tools import ToolCheck, check_tool_uses, repair_request, shown
 from app.events import FINAL_STATUSES, Event, EventStatus
 from app.faults import Fence, LeaseLost, data_refused, dependency_unavailable
+from app.llm.attempts import AttemptLog
 from app.llm.caller import CallAbandoned, CallResult, GuardedCaller, run_together
 from app.llm.client import ClaudeRequest
 from app.observability.metrics import DEDUP_HITS, EVENTS_FINISHED
@@ -142,37 +143,11 @@ class EventProcessor:
     async def _decide(
         self, event: Event, *, fence: Fence | None, first_attempt: int, log_: Any
     ) -> None:
-        pipeline = self.config.pipelines[event.pipeline]
-        request = ClaudeRequest(
-            model=pipeline.model,
-            system=system_blocks(pipeline.system),
-            tools=tool_definitions(self.config, event.pipeline),
-            messages=[{"role": "user", "content": render_event(event)}],
-            max_tokens=pipeline.max_tokens,
-        )
         epoch = fence.epoch if fence is not None else 0
-        record = self.trail.of(event)
         try:
-            result = await self.caller.call(
-                request,
-                pipeline_name=event.pipeline,
-                record=record,
-                attempt=first_attempt,
-                reason=None,
-                fence=fence,
+            result, check = await self.ask(
+                event, record=self.trail.of(event), fence=fence, first_attempt=first_attempt
             )
-            check = self._check(event, result)
-            if check.invalid and result.reply.stop_reason not in NO_PUBLISH_STOPS:
-                await run_together(self._record_invalid(result, check), self.caller.account(result))
-                result = await self.caller.call(
-                    repair_request(result.attempt.request, result.reply, check),
-                    pipeline_name=event.pipeline,
-                    record=record,
-                    attempt=result.attempt.number + 1,
-                    reason="repair: invalid tool input",
-                    fence=fence,
-                )
-                check = self._check(event, result)
         except CallAbandoned as exc:
             await self.dead_letters.add(event.id, stage="llm", reason=str(exc), epoch=epoch)
             return
@@ -182,6 +157,42 @@ class EventProcessor:
             self._store(event, result=result, check=check, epoch=epoch, log_=log_),
             self.caller.account(result),
         )
+
+    async def ask(
+        self, event: Event, *, record: AttemptLog, fence: Fence | None, first_attempt: int
+    ) -> tuple[CallResult, ToolCheck]:
+        """Claude's checked answer for ``event`` through its pipeline (``event.pipeline``),
+        with one repair turn for an invalid tool input; stores nothing but the audit rows.
+        Raises ``CallAbandoned`` when the guarded caller gives up."""
+        pipeline = self.config.pipelines[event.pipeline]
+        request = ClaudeRequest(
+            model=pipeline.model,
+            system=system_blocks(pipeline.system),
+            tools=tool_definitions(self.config, event.pipeline),
+            messages=[{"role": "user", "content": render_event(event)}],
+            max_tokens=pipeline.max_tokens,
+        )
+        result = await self.caller.call(
+            request,
+            pipeline_name=event.pipeline,
+            record=record,
+            attempt=first_attempt,
+            reason=None,
+            fence=fence,
+        )
+        check = self._check(event, result)
+        if check.invalid and result.reply.stop_reason not in NO_PUBLISH_STOPS:
+            await run_together(self._record_invalid(result, check), self.caller.account(result))
+            result = await self.caller.call(
+                repair_request(result.attempt.request, result.reply, check),
+                pipeline_name=event.pipeline,
+                record=record,
+                attempt=result.attempt.number + 1,
+                reason="repair: invalid tool input",
+                fence=fence,
+            )
+            check = self._check(event, result)
+        return result, check
 
     def _check(self, event: Event, result: CallResult) -> ToolCheck:
         pipeline = self.config.pipelines[event.pipeline]

@@ -118,6 +118,20 @@ class LlmCallRow(Base):
     prompt_hash: Mapped[str | None] = mapped_column(String(64), default=None)
     prompt_text: Mapped[str | None] = mapped_column(FreeText, default=None)
     response_text: Mapped[str | None] = mapped_column(FreeText, default=None)
+    # Added by migration 0006: ``live``, or a run that publishes nothing (CallPurpose).
+    purpose: Mapped[str] = mapped_column(
+        String(16), default="live", server_default="live", index=True
+    )
+
+
+class CallPurpose:
+    """Why a call was made: only ``live`` calls decide what is published."""
+
+    LIVE = "live"
+    SHADOW = "shadow"
+    REPLAY = "replay"
+    CONSISTENCY = "consistency"
+    EVAL = "eval"
 
 
 class OutboxStatus:

@@ -15,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from app.events import EventStatus
 from app.store.models import (
     Base,
+    CallPurpose,
     DeadLetterRow,
     EventRow,
     LlmCallRow,
@@ -285,7 +286,9 @@ class LlmCallRepository:
 
     async def count_for_event(self, event_id: str) -> int:
         result = await self.session.scalar(
-            select(func.count()).select_from(LlmCallRow).where(LlmCallRow.event_id == event_id)
+            select(func.count())
+            .select_from(LlmCallRow)
+            .where(LlmCallRow.event_id == event_id, LlmCallRow.purpose == CallPurpose.LIVE)
         )
         return int(result or 0)
 

@@ -1,0 +1,192 @@
+"""Runs that decide stored events again and publish nothing: ``eventgate replay`` (another
+pipeline against what was decided live) and ``eventgate consistency`` (one pipeline, K runs
+of each event against each other). Built here, beside the roles, from the same parts as a
+worker: the guarded Claude caller with its rate limits, breaker and budgets in Redis, and
+the audit log in the database (each attempt's row says its purpose)."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from app.config import GatewayConfig
+from app.decide.wiring import build_processor
+from app.evaluate.agreement import Agreement, Decision
+from app.evaluate.rerun import Rerun, Rerunner, event_of, live_decision, stored_events
+from app.events import Event
+from app.llm.health import LlmHealth
+from app.queue.connection import connect_redis
+from app.roles import _claude_clients
+from app.settings import Settings
+from app.store.db import create_engine, session_factory
+from app.store.models import CallPurpose, LlmCallRow, LlmCallStatus
+
+
+class RerunRefused(Exception):
+    """The run cannot start (no Claude configured, an unknown pipeline); the message says so."""
+
+
+@dataclass(frozen=True)
+class Selection:
+    since: datetime | None
+    until: datetime | None = None
+    source: str | None = None
+    limit: int = 100
+
+
+@asynccontextmanager
+async def rerunner(
+    settings: Settings, config: GatewayConfig, *, purpose: str
+) -> AsyncIterator[tuple[Rerunner, async_sessionmaker[AsyncSession]]]:
+    async with AsyncExitStack() as stack:
+        clients = await _claude_clients(settings, config, stack)
+        if not clients:
+            raise RerunRefused("no Claude configured: set ANTHROPIC_API_KEY")
+        engine = create_engine(settings.database_url, pool_size=settings.database_pool_size)
+        stack.push_async_callback(engine.dispose)
+        redis = connect_redis(settings.redis_url)
+        stack.push_async_callback(redis.aclose)
+        processor = build_processor(
+            settings=settings,
+            config=config,
+            redis=redis,
+            engine=engine,
+            clients=clients,
+            health=LlmHealth(),
+            on_stored=lambda: None,
+        )
+        yield Rerunner(processor, purpose=purpose), session_factory(engine)
+
+
+async def _decide_all(
+    runner: Rerunner, events: list[Event], pipeline: str, *, limit: int
+) -> list[Rerun]:
+    """Each event decided by ``pipeline``, at most ``limit`` at once (the guarded caller's
+    own limits apply inside)."""
+    slots = asyncio.Semaphore(limit)
+
+    async def one(event: Event) -> Rerun:
+        async with slots:
+            return await runner.decide(event, pipeline)
+
+    return list(await asyncio.gather(*(one(event) for event in events)))
+
+
+def _median(values: list[float]) -> float | None:
+    return round(statistics.median(values), 1) if values else None
+
+
+def _schemas(config: GatewayConfig) -> dict[str, dict[str, Any]]:
+    return {name: dict(tool.input_schema) for name, tool in config.tools.items()}
+
+
+def _check_pipeline(config: GatewayConfig, pipeline: str) -> None:
+    if pipeline not in config.pipelines:
+        known = ", ".join(sorted(config.pipelines)) or "none"
+        raise RerunRefused(f"no pipeline {pipeline!r} in the config (configured: {known})")
+
+
+async def _live_costs(session: AsyncSession, event_ids: list[str]) -> tuple[float, list[float]]:
+    if not event_ids:
+        return 0.0, []
+    live = (LlmCallRow.event_id.in_(event_ids), LlmCallRow.purpose == CallPurpose.LIVE)
+    cost = await session.scalar(
+        select(func.coalesce(func.sum(LlmCallRow.cost_usd), 0)).where(*live)
+    )
+    latencies = await session.scalars(
+        select(LlmCallRow.latency_ms).where(*live, LlmCallRow.status == LlmCallStatus.OK)
+    )
+    return float(cost or 0), [float(v) for v in latencies]
+
+
+async def replay(
+    settings: Settings, config: GatewayConfig, *, pipeline: str, selection: Selection
+) -> dict[str, Any]:
+    """Stored events, decided live, decided again by ``pipeline``: the agreement figures
+    (keys as ``GET /v1/shadow``), each side's cost and latency, the disagreements."""
+    _check_pipeline(config, pipeline)
+    async with rerunner(settings, config, purpose=CallPurpose.REPLAY) as (runner, sessions):
+        async with sessions() as session:
+            rows = await stored_events(
+                session,
+                since=selection.since,
+                until=selection.until,
+                source=selection.source,
+                limit=selection.limit,
+            )
+            live = {row.id: await live_decision(session, row) for row in rows}
+        events = [event_of(row, config) for row in rows]
+        reruns = await _decide_all(runner, events, pipeline, limit=settings.llm_max_concurrency)
+        async with sessions() as session:
+            live_cost, live_latency = await _live_costs(session, [r.id for r in rows])
+    found = Agreement(_schemas(config))
+    for rerun in reruns:
+        if rerun.decision is not None:
+            found.add(rerun.event_id, live[rerun.event_id], rerun.decision)
+    return {
+        "candidate": pipeline,
+        "baseline": "live",
+        **found.summary(),
+        "cost_usd": {
+            "baseline": round(live_cost, 6),
+            "candidate": round(sum(r.cost_usd for r in reruns), 6),
+        },
+        "latency_ms": {
+            "baseline": _median(live_latency),
+            "candidate": _median([r.latency_ms for r in reruns if r.decision is not None]),
+        },
+        "errors": [{"event_id": r.event_id, "error": r.error} for r in reruns if r.error],
+    }
+
+
+async def consistency(
+    settings: Settings,
+    config: GatewayConfig,
+    *,
+    pipeline: str,
+    selection: Selection,
+    runs: int,
+) -> dict[str, Any]:
+    """Each of the selected stored events decided ``runs`` times by ``pipeline``; every pair
+    of runs of one event compared."""
+    _check_pipeline(config, pipeline)
+    async with rerunner(settings, config, purpose=CallPurpose.CONSISTENCY) as (runner, sessions):
+        async with sessions() as session:
+            rows = await stored_events(
+                session,
+                since=selection.since,
+                until=selection.until,
+                source=selection.source,
+                limit=selection.limit,
+                decided_only=False,
+            )
+        events = [event_of(row, config) for row in rows]
+        repeated = [event for event in events for _ in range(runs)]
+        reruns = await _decide_all(runner, repeated, pipeline, limit=settings.llm_max_concurrency)
+    found = Agreement(_schemas(config))
+    by_event: dict[str, list[Decision]] = {}
+    for rerun in reruns:
+        if rerun.decision is not None:
+            by_event.setdefault(rerun.event_id, []).append(rerun.decision)
+    for event_id, decisions in by_event.items():
+        found.add_runs(event_id, decisions)
+    return {
+        "pipeline": pipeline,
+        "runs": runs,
+        **found.summary(),
+        "tokens": {
+            "input": sum(r.input_tokens for r in reruns),
+            "output": sum(r.output_tokens for r in reruns),
+        },
+        "cost_usd": round(sum(r.cost_usd for r in reruns), 6),
+        "latency_ms": _median([r.latency_ms for r in reruns if r.decision is not None]),
+        "errors": [{"event_id": r.event_id, "error": r.error} for r in reruns if r.error],
+    }

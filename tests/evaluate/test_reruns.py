@@ -1,0 +1,204 @@
+"""``eventgate replay`` and ``eventgate consistency`` over a real database and Redis, with
+the fake Messages API answering per model: the figures, the audit rows, nothing published."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from typer.testing import CliRunner, Result
+
+from app.cli import app
+from app.store.models import EventRow, LlmCallRow, OutboxRow
+from eventgate_dev.fake_anthropic import FakeAnthropicServer, Persona
+
+CONFIG = """
+sources:
+  github: {type: github, secret: "a-test-secret-of-enough-length", pipeline: triage}
+pipelines:
+  triage:
+    model: claude-sonnet-4-6
+    system: You triage GitHub events.
+    tools: [publishAlert]
+  triage-v2:
+    model: claude-haiku-4-5
+    system: You triage GitHub events, v2.
+    tools: [publishAlert]
+tools:
+  publishAlert:
+    description: Raise an alert.
+    input_schema:
+      type: object
+      properties: {severity: {type: string, enum: [high, low]}, title: {type: string}}
+      required: [severity, title]
+"""
+START = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+
+
+async def _seed(sessions: async_sessionmaker[AsyncSession]) -> None:
+    """Three events decided live (publishAlert, severity high), one still queued."""
+    async with sessions() as session:
+        for n in range(4):
+            event_id = f"evt_{n}"
+            session.add(
+                EventRow(
+                    id=event_id,
+                    source="github",
+                    type="issues.opened",
+                    group_key="acme/api",
+                    delivery_id=f"d{n}",
+                    pipeline="triage",
+                    status="published" if n < 3 else "queued",
+                    payload={"action": "opened", "issue": {"number": n}},
+                    received_at=START + timedelta(minutes=n),
+                )
+            )
+            if n < 3:
+                given = {"severity": "high", "title": f"issue {n}"}
+                session.add(
+                    OutboxRow(
+                        event_id=event_id,
+                        source="github",
+                        seq=0,
+                        llm_call_id=f"llm_live_{n}",
+                        tool="publishAlert",
+                        group_id="acme/api",
+                        dedup_id=f"dedup-{n}",
+                        body=orjson.dumps({"tool": "publishAlert", "input": given}).decode(),
+                        status="published",
+                    )
+                )
+        await session.commit()
+
+
+@pytest.fixture
+def env(tmp_path: Path, redis_url: str, redis_prefix: str, database_url: str) -> dict[str, str]:
+    config = tmp_path / "eventgate.yaml"
+    config.write_text(CONFIG)
+    return {
+        "EVENTGATE_CONFIG": str(config),
+        "EVENTGATE_REDIS_URL": redis_url,
+        "EVENTGATE_REDIS_PREFIX": redis_prefix,
+        "EVENTGATE_DATABASE_URL": database_url,
+        "EVENTGATE_AUTO_MIGRATE": "false",
+    }
+
+
+async def _invoke(env: dict[str, str], *args: str) -> Result:
+    return await asyncio.to_thread(CliRunner().invoke, app, list(args), env=env)
+
+
+def _last_json(result: Result) -> dict[str, Any]:
+    assert result.exit_code == 0, result.output
+    found: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+    return found
+
+
+async def _counts(sessions: async_sessionmaker[AsyncSession]) -> tuple[int, dict[str, int]]:
+    async with sessions() as session:
+        outbox = await session.scalar(select(func.count()).select_from(OutboxRow))
+        purposes = dict(
+            (
+                await session.execute(
+                    select(LlmCallRow.purpose, func.count()).group_by(LlmCallRow.purpose)
+                )
+            ).all()
+        )
+    return int(outbox or 0), {str(k): int(v) for k, v in purposes.items()}
+
+
+async def test_replay_through_another_model_measures_the_disagreement(
+    env: dict[str, str],
+    sessions: async_sessionmaker[AsyncSession],
+    fake_claude: FakeAnthropicServer,
+    tmp_path: Path,
+) -> None:
+    await _seed(sessions)
+    fake_claude.behaviour.personas["claude-haiku-4-5"] = Persona(enum="last")
+    report = tmp_path / "replay.md"
+    result = await _invoke(
+        env,
+        "replay",
+        "--pipeline",
+        "triage-v2",
+        "--since",
+        "2026-11-30T00:00:00Z",
+        "--report",
+        str(report),
+        "--json",
+    )
+    found = _last_json(result)
+    # The queued event has no live decision: three events compared.
+    assert found["events"] == 3 and found["candidate"] == "triage-v2"
+    assert found["baseline"] == "live"
+    assert found["action_agreement"] == 1.0  # publishAlert each time
+    assert found["exact_agreement"] == 0.0  # but severity low, and another title
+    assert found["fields"] == {"publishAlert.severity": 0.0}
+    assert sorted(d["event_id"] for d in found["disagreements"]) == ["evt_0", "evt_1", "evt_2"]
+    assert found["disagreements"][0]["candidate"][0]["input"]["severity"] == "low"
+    assert set(found["cost_usd"]) == {"baseline", "candidate"} and found["errors"] == []
+    assert "| evt_0 | publishAlert" in report.read_text()
+    # Audited as replay calls of the candidate; no outbox row, so nothing to publish.
+    outbox, purposes = await _counts(sessions)
+    assert (outbox, purposes) == (3, {"replay": 3})
+    async with sessions() as session:
+        pipelines = set((await session.scalars(select(LlmCallRow.pipeline))).all())
+    assert pipelines == {"triage-v2"}
+
+
+async def test_replay_selects_by_time_and_the_live_pipeline_agrees_on_action(
+    env: dict[str, str],
+    sessions: async_sessionmaker[AsyncSession],
+    fake_claude: FakeAnthropicServer,
+) -> None:
+    await _seed(sessions)
+    result = await _invoke(
+        env,
+        "replay",
+        "--pipeline",
+        "triage",
+        "--since",
+        "2026-11-30T12:01:00",
+        "--until",
+        "2026-11-30T12:02:00",
+        "--json",
+    )
+    found = _last_json(result)
+    assert found["events"] == 1  # evt_1 only
+    assert found["action_agreement"] == 1.0 and found["fields"] == {"publishAlert.severity": 1.0}
+
+
+async def test_consistency_compares_every_pair_of_runs(
+    env: dict[str, str],
+    sessions: async_sessionmaker[AsyncSession],
+    fake_claude: FakeAnthropicServer,
+) -> None:
+    await _seed(sessions)
+    fake_claude.behaviour.personas["claude-sonnet-4-6"] = Persona(vary=0.6, seed=3)
+    result = await _invoke(
+        env, "consistency", "--pipeline", "triage", "--events", "2", "--runs", "4", "--json"
+    )
+    found = _last_json(result)
+    assert (found["events"], found["runs"], found["pairs"]) == (2, 4, 12)
+    assert found["action_agreement"] == 1.0
+    assert 0.0 < found["exact_agreement"] < 1.0  # the persona varies its severity
+    assert found["tokens"]["input"] > 0 and found["tokens"]["output"] > 0
+    outbox, purposes = await _counts(sessions)
+    assert (outbox, purposes) == (3, {"consistency": 8})
+
+
+async def test_an_unknown_pipeline_is_refused(
+    env: dict[str, str], fake_claude: FakeAnthropicServer
+) -> None:
+    result = await _invoke(env, "replay", "--pipeline", "nope", "--since", "2026-01-01")
+    assert result.exit_code == 2
+    assert "no pipeline 'nope'" in result.output and "triage-v2" in result.output
+    bad = await _invoke(env, "replay", "--pipeline", "triage", "--since", "yesterday")
+    assert bad.exit_code == 2 and "not an ISO 8601 time" in bad.output
