@@ -14,7 +14,14 @@ from typing import Any
 from sqlalchemy import ColumnElement, and_, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.store.models import DeadLetterRow, EventRow, LlmCallRow, OutboxRow, OutboxStatus
+from app.store.models import (
+    CallPurpose,
+    DeadLetterRow,
+    EventRow,
+    LlmCallRow,
+    OutboxRow,
+    OutboxStatus,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +39,8 @@ class LlmCallFilter:
     status: str | None = None
     since: datetime | None = None
     until: datetime | None = None
+    purpose: str | None = None
+    shadow: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,9 +94,13 @@ class AdminRepository:
                 (LlmCallRow.pipeline, flt.pipeline),
                 (LlmCallRow.model, flt.model),
                 (LlmCallRow.status, flt.status),
+                (LlmCallRow.purpose, flt.purpose),
             )
             if value is not None
         ]
+        if flt.shadow is not None:
+            shadow = LlmCallRow.purpose == CallPurpose.SHADOW
+            conditions.append(shadow if flt.shadow else ~shadow)
         if flt.since is not None:
             conditions.append(LlmCallRow.created_at >= flt.since)
         if flt.until is not None:

@@ -101,11 +101,15 @@ async def list_llm_calls(
     status: Text = None,
     since: Time = None,
     until: Time = None,
+    purpose: Text = None,
+    shadow: bool | None = None,
     limit: Limit = 50,
     cursor: Cursor = None,
 ) -> Page[dict[str, Any]]:
     """The audit log (one row per Claude attempt: tokens, cost, latency, outcome), newest
-    first; `since` inclusive, `until` exclusive."""
+    first; `since` inclusive, `until` exclusive. `purpose`: `live`, or the run that publishes
+    nothing (`shadow`, `replay`, `consistency`, `eval`); `shadow=true|false`: only, or no,
+    shadow candidates' calls (each row says `shadow`)."""
     flt = LlmCallFilter(
         event_id=event_id,
         pipeline=pipeline,
@@ -113,6 +117,8 @@ async def list_llm_calls(
         status=status,
         since=since,
         until=until,
+        purpose=purpose,
+        shadow=shadow,
     )
     return await service.llm_calls(flt, limit=limit, cursor=cursor)
 

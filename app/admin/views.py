@@ -11,7 +11,14 @@ from sqlalchemy import inspect
 
 from app.admin.pagination import as_utc
 from app.admin.schemas import DeadLetterOut, EventSummary, TimelineEntry
-from app.store.models import Base, DeadLetterRow, EventRow, LlmCallRow, OutboxRow
+from app.store.models import (
+    Base,
+    CallPurpose,
+    DeadLetterRow,
+    EventRow,
+    LlmCallRow,
+    OutboxRow,
+)
 
 
 def columns(row: Base, *, exclude: frozenset[str] = frozenset()) -> dict[str, Any]:
@@ -26,7 +33,9 @@ def columns(row: Base, *, exclude: frozenset[str] = frozenset()) -> dict[str, An
 
 
 def llm_call(row: LlmCallRow) -> dict[str, Any]:
-    return columns(row)
+    """The audit row; ``shadow`` marks a shadow candidate's call (``purpose`` says which run
+    a call that is not live belongs to)."""
+    return columns(row) | {"shadow": row.purpose == CallPurpose.SHADOW}
 
 
 def tool_call(row: OutboxRow) -> dict[str, Any]:
@@ -67,11 +76,12 @@ def timeline(
     ]
     for call in calls:
         outcome = call.status if not call.error_type else f"{call.status} ({call.error_type})"
+        run = "" if call.purpose == CallPurpose.LIVE else f" ({call.purpose}, {call.pipeline})"
         entries.append(
             TimelineEntry(
                 at=as_utc(call.created_at),
                 stage="llm_call",
-                detail=f"{call.model} attempt {call.attempt}: {outcome}",
+                detail=f"{call.model} attempt {call.attempt}{run}: {outcome}",
             )
         )
     for row in outbox:

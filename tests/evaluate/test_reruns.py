@@ -17,6 +17,7 @@ from typer.testing import CliRunner, Result
 
 from app.cli import app
 from app.store.models import EventRow, LlmCallRow, OutboxRow
+from app.store.repository import LlmCallRepository
 from eventgate_dev.fake_anthropic import FakeAnthropicServer, Persona
 
 CONFIG = """
@@ -150,7 +151,9 @@ async def test_replay_through_another_model_measures_the_disagreement(
     assert (outbox, purposes) == (3, {"replay": 3})
     async with sessions() as session:
         pipelines = set((await session.scalars(select(LlmCallRow.pipeline))).all())
-    assert pipelines == {"triage-v2"}
+        # A later live delivery numbers its attempts from the live rows only.
+        live_attempts = await LlmCallRepository(session).count_for_event("evt_0")
+    assert pipelines == {"triage-v2"} and live_attempts == 0
 
 
 async def test_replay_selects_by_time_and_the_live_pipeline_agrees_on_action(
