@@ -17,7 +17,7 @@ from app.client.commands import events
 from app.config import ConfigError, GatewayConfig, load_config
 from app.observability.logging import configure_logging
 from app.ready import GatewayServer
-from app.rerun_cli import consistency, replay
+from app.rerun_cli import consistency, eval_cases, replay
 from app.secret_policy import development_keys, refusal
 from app.serving import http_protocol
 from app.settings import Settings
@@ -30,6 +30,7 @@ app = typer.Typer(
 app.add_typer(events, name="events")
 app.command()(replay)
 app.command()(consistency)
+app.command("eval")(eval_cases)
 
 
 def _version(show: bool) -> None:

@@ -1,6 +1,7 @@
-"""``eventgate replay`` and ``eventgate consistency``: stored events decided again, nothing
-published (``app/reruns.py``). Each prints the figures, and with ``--json`` one JSON object as
-the last line of stdout; the exit code is 0 once it ran, whatever the agreement."""
+"""``eventgate replay``, ``eventgate consistency`` and ``eventgate eval``: events decided again,
+nothing published (``app/reruns.py``). Each prints the figures, and with ``--json`` one JSON
+object as the last line of stdout. Replay and consistency exit 0 once they ran, whatever the
+agreement; eval exits 1 when a case's pass rate is below ``--min-pass``; 2 is a usage error."""
 
 from __future__ import annotations
 
@@ -13,9 +14,12 @@ from typing import Annotated, Any
 import typer
 
 from app.config import ConfigError, GatewayConfig, load_config
+from app.config_yaml import UnsafeYaml, read_yaml
+from app.evaluate.evals import EvalFileError, parse_cases
 from app.observability.logging import configure_logging
 from app.reruns import RerunRefused, Selection
 from app.reruns import consistency as run_consistency
+from app.reruns import evaluate as run_evaluate
 from app.reruns import replay as run_replay
 from app.settings import Settings
 
@@ -154,3 +158,40 @@ def consistency(
     typer.echo(f"tokens: {json.dumps(found['tokens'])}")
     if as_json:
         typer.echo(json.dumps(found, sort_keys=True))
+
+
+def eval_cases(
+    file: Annotated[Path, typer.Argument(help="the eval file (YAML): cases and expectations")],
+    pipeline: Annotated[
+        str | None, typer.Option("--pipeline", help="run every case through this pipeline")
+    ] = None,
+    runs: Annotated[int, typer.Option("--runs", min=1, help="runs of each case")] = 1,
+    min_pass: Annotated[
+        float, typer.Option("--min-pass", min=0.0, max=1.0, help="each case's pass rate")
+    ] = 1.0,
+    as_json: JsonOpt = False,
+    config: ConfigOpt = None,
+) -> None:
+    """Run each case of FILE RUNS times (publishing nothing); exit 1 when any case passes
+    less often than --min-pass, so a prompt or model change can be gated in CI."""
+    settings, gateway = _setup(config)
+    try:
+        document = read_yaml(file.read_text())
+        cases = parse_cases(document, gateway, pipeline=pipeline)
+    except (OSError, UnsafeYaml, EvalFileError, ValueError) as exc:
+        typer.echo(f"{file}: {exc}", err=True)
+        raise typer.Exit(2) from None
+    found = _run(run_evaluate(settings, gateway, cases=cases, runs=runs, min_pass=min_pass))
+    for case in found["cases"]:
+        verdict = "ok  " if case["pass_rate"] >= min_pass else "FAIL"
+        typer.echo(f"{verdict} {case['pass_rate']:.2f} {case['name']} ({case['pipeline']})")
+        for failure in case["failures"]:
+            typer.echo(f"       {failure}")
+    typer.echo(
+        f"{len(cases)} cases, {runs} run(s) each: pass rate {found['pass_rate']:.2f}, "
+        f"exact agreement between runs {_share(found['exact_agreement'])}"
+    )
+    if as_json:
+        typer.echo(json.dumps(found, sort_keys=True))
+    if not found["passed"]:
+        raise typer.Exit(1)

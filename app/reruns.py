@@ -11,7 +11,7 @@ import statistics
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import func, select
@@ -20,14 +20,15 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from app.config import GatewayConfig
 from app.decide.wiring import build_processor
 from app.evaluate.agreement import Agreement, Decision
+from app.evaluate.evals import Case, failures
 from app.evaluate.rerun import Rerun, Rerunner, event_of, live_decision, stored_events
-from app.events import Event
+from app.events import Event, make_event
 from app.llm.health import LlmHealth
 from app.queue.connection import connect_redis
 from app.roles import _claude_clients
 from app.settings import Settings
 from app.store.db import create_engine, session_factory
-from app.store.models import CallPurpose, LlmCallRow, LlmCallStatus
+from app.store.models import CallPurpose, EventRow, LlmCallRow, LlmCallStatus
 
 
 class RerunRefused(Exception):
@@ -67,17 +68,17 @@ async def rerunner(
 
 
 async def _decide_all(
-    runner: Rerunner, events: list[Event], pipeline: str, *, limit: int
+    runner: Rerunner, work: list[tuple[Event, str]], *, limit: int
 ) -> list[Rerun]:
-    """Each event decided by ``pipeline``, at most ``limit`` at once (the guarded caller's
-    own limits apply inside)."""
+    """Each (event, pipeline) decided, at most ``limit`` at once (the guarded caller's own
+    limits apply inside)."""
     slots = asyncio.Semaphore(limit)
 
-    async def one(event: Event) -> Rerun:
+    async def one(event: Event, pipeline: str) -> Rerun:
         async with slots:
             return await runner.decide(event, pipeline)
 
-    return list(await asyncio.gather(*(one(event) for event in events)))
+    return list(await asyncio.gather(*(one(event, pipeline) for event, pipeline in work)))
 
 
 def _median(values: list[float]) -> float | None:
@@ -124,7 +125,8 @@ async def replay(
             )
             live = {row.id: await live_decision(session, row) for row in rows}
         events = [event_of(row, config) for row in rows]
-        reruns = await _decide_all(runner, events, pipeline, limit=settings.llm_max_concurrency)
+        work = [(event, pipeline) for event in events]
+        reruns = await _decide_all(runner, work, limit=settings.llm_max_concurrency)
         async with sessions() as session:
             live_cost, live_latency = await _live_costs(session, [r.id for r in rows])
     found = Agreement(_schemas(config))
@@ -169,8 +171,8 @@ async def consistency(
                 decided_only=False,
             )
         events = [event_of(row, config) for row in rows]
-        repeated = [event for event in events for _ in range(runs)]
-        reruns = await _decide_all(runner, repeated, pipeline, limit=settings.llm_max_concurrency)
+        work = [(event, pipeline) for event in events for _ in range(runs)]
+        reruns = await _decide_all(runner, work, limit=settings.llm_max_concurrency)
     found = Agreement(_schemas(config))
     by_event: dict[str, list[Decision]] = {}
     for rerun in reruns:
@@ -190,3 +192,81 @@ async def consistency(
         "latency_ms": _median([r.latency_ms for r in reruns if r.decision is not None]),
         "errors": [{"event_id": r.event_id, "error": r.error} for r in reruns if r.error],
     }
+
+
+async def evaluate(
+    settings: Settings, config: GatewayConfig, *, cases: list[Case], runs: int, min_pass: float
+) -> dict[str, Any]:
+    """Each case decided ``runs`` times; a run passes when every expectation holds."""
+    async with rerunner(settings, config, purpose=CallPurpose.EVAL) as (runner, sessions):
+        work: list[tuple[Event, str]] = []
+        keys: list[str] = []
+        async with sessions() as session:
+            for case in cases:
+                event = await _case_event(session, case, config)
+                pipeline = case.pipeline or event.pipeline
+                work += [(event, pipeline)] * runs
+                keys.append(event.group_key)
+        reruns = await _decide_all(runner, work, limit=settings.llm_max_concurrency)
+    found = Agreement(_schemas(config))
+    reports: list[dict[str, Any]] = []
+    rates: list[float] = []
+    for index, case in enumerate(cases):
+        mine = reruns[index * runs : (index + 1) * runs]
+        missed: list[str] = []
+        passed = 0
+        for rerun in mine:
+            if rerun.decision is None:
+                missed.append(f"no decision: {rerun.error}")
+                continue
+            wrong = failures(case, rerun.decision, config=config, group_key=keys[index])
+            passed += not wrong
+            missed += wrong
+        found.add_runs(case.name, [r.decision for r in mine if r.decision is not None])
+        rates.append(passed / runs)
+        reports.append(
+            {
+                "name": case.name,
+                "pipeline": mine[0].pipeline,
+                "runs": runs,
+                "passed": passed,
+                "pass_rate": rates[-1],
+                "failures": sorted(set(missed))[:10],
+            }
+        )
+    return {
+        **found.summary(),
+        "events": len(cases),
+        "runs": runs,
+        "cases": reports,
+        "pass_rate": sum(rates) / len(rates),
+        "min_pass": min_pass,
+        "passed": all(rate >= min_pass for rate in rates),
+        "tokens": {
+            "input": sum(r.input_tokens for r in reruns),
+            "output": sum(r.output_tokens for r in reruns),
+        },
+        "cost_usd": round(sum(r.cost_usd for r in reruns), 6),
+        "errors": [{"event_id": r.event_id, "error": r.error} for r in reruns if r.error],
+    }
+
+
+async def _case_event(session: AsyncSession, case: Case, config: GatewayConfig) -> Event:
+    if case.event_id is not None:
+        row = await session.get(EventRow, case.event_id)
+        if row is None:
+            raise RerunRefused(f"case {case.name!r}: no stored event {case.event_id!r}")
+        return event_of(row, config)
+    assert case.source is not None  # the file's schema requires one with a payload
+    source = config.sources[case.source]
+    return make_event(
+        id=case.synthetic_id,
+        source=case.source,
+        config=source,
+        type=case.type,
+        group_key=case.group_key,
+        delivery_id=case.synthetic_id,
+        pipeline=case.pipeline or source.pipeline,
+        received_at=datetime.now(UTC),
+        payload=case.payload,
+    )
