@@ -10,11 +10,12 @@ Invariants:
 - Fewer acknowledgements than asked within the timeout fail every caller of the round trip
   with ``NotReplicated``; their events stay queued on the primary (and will be processed),
   only the promise was not reached.
-- A round trip whose events were all duplicates writes nothing, and WAIT after no write
-  answers at once whatever the replicas hold. So a marker key is set before WAIT in every
-  round trip: the replication stream is ordered, a replica that acknowledged the marker holds
-  every earlier write, the first copy of each duplicate included. A retry after a 503 is
-  answered ``duplicate`` only once its event has the same promise.
+- A round trip whose events were all duplicates wrote nothing, and WAIT is documented for
+  "the previous write commands"; it still covers their first copies, written by other
+  connections: Redis records a connection's replication offset after every command, reads
+  included, so the wait is for everything the primary had when the duplicate was found
+  (``tests/ingest/test_replica_ack.py`` sends the retry through another process). A retry
+  after a 503 is thus answered ``duplicate`` only once its event has the same promise.
 """
 
 from __future__ import annotations
@@ -24,9 +25,6 @@ from typing import Any
 
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
-
-# How long the marker key outlives its last round trip; its value means nothing.
-MARKER_TTL_MS = 60_000
 
 
 class NotReplicated(Exception):
@@ -43,14 +41,8 @@ class ReplicaAck:
     timeout_ms: int
     aof: bool = False
 
-    @property
-    def replies(self) -> int:
-        """Replies ``request`` adds to a pipeline."""
-        return 1 + (self.replicas > 0) + self.aof
-
-    def request(self, pipe: Pipeline, *, prefix: str) -> None:
-        """Append the marker write and the waits, after the pipeline's enqueues."""
-        pipe.set(f"{prefix}:ack-marker", b"1", px=MARKER_TTL_MS)
+    def request(self, pipe: Pipeline) -> None:
+        """Append the waits, after the pipeline's enqueues."""
         if self.replicas > 0:
             pipe.wait(self.replicas, self.timeout_ms)
         if self.aof:
@@ -64,7 +56,7 @@ class ReplicaAck:
                 missing.append(f"the wait failed ({reply})")
         if missing:
             return NotReplicated("; ".join(missing))
-        waits = iter(replies[1:])
+        waits = iter(replies)
         if self.replicas > 0 and (acked := int(next(waits))) < self.replicas:
             missing.append(
                 f"{acked} of {self.replicas} replicas acknowledged it within {self.timeout_ms} ms"

@@ -194,7 +194,7 @@ class EnqueueBatcher:
                 args = [arg for item in group for arg in item.args]
                 pipe.evalsha(self._sha, len(keys), *keys, *args)
             if ack is not None:
-                ack.request(pipe, prefix=self.queue.prefix)
+                ack.request(pipe)
             replies: list[Any] = await pipe.execute(raise_on_error=False)
         if ack is None:
             return replies
