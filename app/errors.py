@@ -5,6 +5,7 @@
     ├── ingest.exceptions.*      (UnknownSource 404, PayloadTooLarge 413, RequestTimeout 408 ...)
     ├── Unavailable 503          (nothing was accepted; retry after ``Retry-After`` seconds)
     │   ├── QueueUnavailable     (Redis down or the backlog full)
+    │   ├── QueueNotReplicated   (the one exception to "nothing accepted": see its docstring)
     │   ├── ingest BodyBufferFull, sources CertificateUnavailable
     ├── InternalError 500        (an exception nothing else handled: a bug, a dependency gone)
     ├── serving.*                (RequestHeadersTooLarge 431, TooManyConnections 503)
@@ -59,6 +60,12 @@ class Unavailable(AppError):
 
 class QueueUnavailable(Unavailable):
     """Redis cannot be reached, or the backlog is over its limit."""
+
+
+class QueueNotReplicated(Unavailable):
+    """The event is queued on the primary, but the replicas (or the AOF fsync) that
+    ``EVENTGATE_REDIS_ACK_*`` asks for did not acknowledge it in time. It will be processed;
+    the sender's retry is answered ``duplicate`` once the acknowledgement is reached."""
 
 
 class InternalError(AppError):

@@ -4,8 +4,10 @@ import time.
 
 - every role: the database engine (migrated first when ``EVENTGATE_AUTO_MIGRATE``), Redis, the
   queue, the backlog monitor, the supervisor, and readiness (Redis, database, loops);
-- ``api``: the ingest service and its webhook entry, the admin API and the console (its
-  health page reads the breakers, rate limits and budgets that the workers share in Redis);
+- ``api``: the ingest service and its webhook entry (with the replica acknowledgement
+  ``EVENTGATE_REDIS_ACK_*`` asks for, refused at start when the server cannot give it), the
+  admin API and the console (its health page reads the breakers, rate limits and budgets
+  that the workers share in Redis);
 - ``worker``: when a Claude provider is configured, the decide stage and the queue worker;
   when a tool has a topic, the SNS client and the outbox relay; retention.
 """
@@ -51,6 +53,7 @@ from app.observability.logging import configure_logging
 from app.publish.coordination import PublishedMemory, RelayLease
 from app.publish.relay import OutboxRelay
 from app.publish.sns import SnsPublisher
+from app.queue.acks import AckUnsupported, ReplicaAck, check_ack_support, replicas_online
 from app.queue.backlog import BacklogMonitor
 from app.queue.batching import EnqueueBatcher
 from app.queue.connection import connect_redis
@@ -81,7 +84,9 @@ async def build(
     deps: AdapterDeps | None,
 ) -> Running:
     shared = await _build_shared(settings, config, role=role, stack=stack)
-    api = _build_api(shared, deps) if role in ("serve", "api") else None
+    api = None
+    if role in ("serve", "api"):
+        api = _build_api(shared, deps, ack=await _replica_ack(shared))
     worker = await _build_worker(shared, stack) if role in ("serve", "worker") else None
     if worker is None:
         # Reported, not required: this role does not call Claude, but an operator reading
@@ -131,11 +136,11 @@ async def _build_shared(
     )
 
 
-def _build_api(shared: Shared, deps: AdapterDeps | None) -> ApiParts:
+def _build_api(shared: Shared, deps: AdapterDeps | None, *, ack: ReplicaAck | None) -> ApiParts:
     settings, queue = shared.settings, shared.queue
     ingest = IngestService(
         config=shared.config,
-        queue=EnqueueBatcher(queue) if settings.ingest_batching else queue,
+        queue=EnqueueBatcher(queue, ack=ack) if settings.ingest_batching else queue,
         collapser=AlertCollapser(shared.redis, prefix=settings.redis_prefix),
         max_body_bytes=settings.max_body_bytes,
         dedup_window_seconds=settings.dedup_window_seconds,
@@ -148,6 +153,11 @@ def _build_api(shared: Shared, deps: AdapterDeps | None) -> ApiParts:
         return shared.backlog.overloaded or "ok"
 
     shared.health.check("backlog", backlog, required=False)
+    if ack is not None and ack.replicas > 0:
+        wanted = ack.replicas
+        shared.health.check(
+            "replicas", lambda: replicas_online(shared.redis, wanted), required=True
+        )
     admin = AdminService(
         sessions=shared.sessions,
         queue=queue,
@@ -334,6 +344,34 @@ async def _warn_of_lost_events(shared: Shared) -> None:
             detail=f"{depth} queued event(s) were not processed and are lost with this process;"
             " set EVENTGATE_REDIS_URL to a Redis server to keep them across restarts",
         )
+
+
+async def _replica_ack(shared: Shared) -> ReplicaAck | None:
+    """The acknowledgement ingest waits for, None for the primary's alone; ``AckUnsupported``
+    when it cannot be given (``memory://`` has no replicas, the unbatched enqueue no waits,
+    the server no WAITAOF). Redis not answering yet is no refusal: a wait that cannot be
+    given fails every enqueue with 503, never a 2xx that promises less."""
+    settings = shared.settings
+    if settings.redis_ack_replicas == 0 and not settings.redis_ack_aof:
+        return None
+    ack = ReplicaAck(
+        replicas=settings.redis_ack_replicas,
+        timeout_ms=settings.redis_ack_timeout_ms,
+        aof=settings.redis_ack_aof,
+    )
+    try:
+        if settings.redis_url.startswith("memory://"):
+            raise AckUnsupported("EVENTGATE_REDIS_ACK_* needs a Redis server, not memory://")
+        if not settings.ingest_batching:
+            raise AckUnsupported("EVENTGATE_REDIS_ACK_* needs EVENTGATE_INGEST_BATCHING on")
+        async with asyncio.timeout(LAYOUT_CHECK_SECONDS):
+            await check_ack_support(shared.redis, ack)
+    except AckUnsupported as exc:
+        log.error("redis_ack_unsupported", detail=str(exc))
+        raise
+    except (RedisError, OSError, TimeoutError) as exc:
+        log.warning("redis_ack_unchecked", error=type(exc).__name__)
+    return ack
 
 
 async def _check_layout(queue: EventQueue) -> None:

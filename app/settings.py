@@ -21,6 +21,13 @@ class Settings(BaseSettings):
     redis_url: str = "memory://"
     # Prefix of every Redis key; lets several gateways (or test runs) share one Redis.
     redis_prefix: str = "eventgate"
+    # What a 2xx promises (docs/operations.md): also on this many replicas (WAIT), and with
+    # redis_ack_aof fsynced to the primary's AOF (WAITAOF, Redis 7.2+), each within the
+    # timeout, else 503 QueueNotReplicated (the event stays queued). 0 / false: on the
+    # primary only.
+    redis_ack_replicas: int = Field(default=0, ge=0)
+    redis_ack_timeout_ms: int = Field(default=500, ge=1, le=5000)
+    redis_ack_aof: bool = False
     database_url: str = "sqlite+aiosqlite:///./eventgate.db"
     # Connections kept open per process (PostgreSQL); up to half as many more under load.
     database_pool_size: int = Field(default=20, ge=1)

@@ -6,6 +6,9 @@ to be a duplicate, filtered or collapsed). Events are enqueued one after another
 order, so readings of one device in a batch keep their order. If Redis fails midway the
 request gets ``QueueUnavailable`` (503 with Retry-After); the sender's retry describes the
 same delivery ids, so the events already queued are answered ``duplicate``, never doubled.
+With a replica acknowledgement (``app/queue/acks.py``) an event the replicas did not
+acknowledge in time is answered ``QueueNotReplicated`` (503): it stays queued, and the retry
+is answered ``duplicate`` only after the same wait succeeded.
 
 Secrets in a payload are redacted once, when its event is built (``app.redaction``): after
 verification and the group key, type and delivery id (filters and collapse read the payload
@@ -24,7 +27,7 @@ import structlog
 from redis.exceptions import RedisError
 
 from app.config import GatewayConfig, SourceConfig
-from app.errors import AppError, QueueUnavailable
+from app.errors import AppError, QueueNotReplicated, QueueUnavailable
 from app.events import Event, make_event
 from app.ingest.bounds import MAX_DELIVERY_ID_CHARS, MAX_GROUP_KEY_CHARS, bounded_key, checked_type
 from app.ingest.collapse import AlertCollapser
@@ -38,6 +41,7 @@ from app.observability.metrics import (
     WEBHOOKS_RECEIVED,
 )
 from app.payloads import resolve_key
+from app.queue.acks import NotReplicated
 from app.queue.backlog import BacklogMonitor
 from app.queue.batching import EventEnqueuer
 from app.queue.layout import PartitionCountMismatch
@@ -181,6 +185,11 @@ class IngestService:
             raise QueueUnavailable(
                 "an identical signed request is being queued right now; retry later",
                 retry_after=1,
+            ) from exc
+        except NotReplicated as exc:
+            log.warning("enqueue_not_replicated", source=source.name, detail=str(exc))
+            raise QueueNotReplicated(
+                f"the event is queued, but not acknowledged as asked: {exc}; retry later"
             ) from exc
         queued = 0
         for done in outcomes:

@@ -16,6 +16,8 @@ Invariants:
 - A caller's future resolves only after Redis answered for its partition. A Redis error
   (or anything else going wrong in the round trip) is raised to every caller of that
   partition's call — ingest turns it into 503, never a 2xx.
+- With ``ack`` (``acks.py``) the round trip's pipeline ends with its waits, and a caller's
+  future resolves only once they answered: ``NotReplicated`` when they fell short.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any, Protocol
 
 from redis.exceptions import NoScriptError
 
+from app.queue.acks import ReplicaAck
 from app.queue.replays import Claim, ReplayInFlight
 from app.queue.streams import (
     BY_REPLAY,
@@ -59,9 +62,15 @@ class _Pending:
 
 
 class EnqueueBatcher:
-    def __init__(self, queue: EventQueue, *, max_batch: int = 256) -> None:
+    def __init__(
+        self, queue: EventQueue, *, max_batch: int = 256, ack: ReplicaAck | None = None
+    ) -> None:
+        if ack is not None and queue.cluster:
+            # WAIT answers for one node's replicas, and a cluster round trip writes to many.
+            raise ValueError("a replica acknowledgement needs one Redis, not a cluster")
         self.queue = queue
         self.max_batch = max_batch
+        self.ack = ack
         self.round_trips = 0  # batches sent; read by tests and the benchmarks
         self._sha = hashlib.sha1(ENQUEUE.encode(), usedforsecurity=False).hexdigest()
         self._pending: list[_Pending] = []
@@ -175,15 +184,25 @@ class EnqueueBatcher:
                 _resolve(group, reply)
 
     async def _send(self, groups: list[list[_Pending]]) -> list[Any]:
-        """One round trip: EVALSHA per group, pipelined; errors come back as values."""
+        """One round trip: EVALSHA per group, pipelined (one connection), then the waits of
+        ``ack``; errors come back as values, a shortfall of the waits as every group's."""
         self.round_trips += 1
+        ack = self.ack
         async with self.queue.redis.pipeline(transaction=False) as pipe:
             for group in groups:
                 keys = [key for item in group for key in item.keys]
                 args = [arg for item in group for arg in item.args]
                 pipe.evalsha(self._sha, len(keys), *keys, *args)
+            if ack is not None:
+                ack.request(pipe)
             replies: list[Any] = await pipe.execute(raise_on_error=False)
-        return replies
+        if ack is None:
+            return replies
+        replies, waits = replies[: len(groups)], replies[len(groups) :]
+        short = ack.verdict(waits)
+        if short is None:
+            return replies
+        return [reply if isinstance(reply, BaseException) else short for reply in replies]
 
 
 def _resolve(group: Sequence[_Pending], reply: Sequence[Any]) -> None:

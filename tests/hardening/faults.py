@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -203,3 +204,103 @@ class PrivateRedis:
 
     def client(self) -> Redis:
         return Redis.from_url(self.url)
+
+
+class ReplicatedRedis:
+    """A private primary (no persistence) and one replica of it, each on a free port. The
+    replica can be frozen (SIGSTOP: still connected, it acknowledges nothing), thawed, and
+    stopped (the primary then counts no replica) and started again."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.binary = shutil.which("redis-server") or "redis-server"
+        self.workdir = workdir
+        self.primary_port = free_port()
+        self.replica_port = free_port()
+        self.primary: subprocess.Popen[bytes] | None = None
+        self.replica: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.primary_port}/0"
+
+    def start(self) -> ReplicatedRedis:
+        # No delay before a full sync (the default waits 5 s for more replicas to join).
+        self.primary = self._server(self.primary_port, "primary", "--repl-diskless-sync-delay", "0")
+        self.start_replica()
+        return self
+
+    def start_replica(self) -> None:
+        self.replica = self._server(
+            self.replica_port, "replica", "--replicaof", "127.0.0.1", str(self.primary_port)
+        )
+        self.wait_in_sync()
+
+    def stop_replica(self) -> None:
+        _end(self.replica)
+        deadline = time.monotonic() + 10
+        while self.replicas_online():
+            assert time.monotonic() < deadline, "the primary still counts the stopped replica"
+            time.sleep(0.05)
+
+    def freeze_replica(self) -> None:
+        assert self.replica is not None
+        self.replica.send_signal(signal.SIGSTOP)
+
+    def thaw_replica(self) -> None:
+        assert self.replica is not None
+        self.replica.send_signal(signal.SIGCONT)
+        self.wait_in_sync()
+
+    def replicas_online(self) -> int:
+        with Redis(port=self.primary_port) as client:
+            info = client.info("replication")
+        return sum(1 for k, v in info.items() if k.startswith("slave") and _online(v))
+
+    def wait_in_sync(self, timeout: float = 20) -> None:
+        """Until the replica is online and has acknowledged everything the primary wrote."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with Redis(port=self.primary_port) as client:
+                info = client.info("replication")
+            replica = info.get("slave0")
+            if _online(replica) and replica["offset"] == info["master_repl_offset"]:
+                return
+            assert time.monotonic() < deadline, f"the replica did not catch up: {info}"
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        if self.replica is not None and self.replica.poll() is None:
+            self.replica.send_signal(signal.SIGCONT)
+        _end(self.replica)
+        _end(self.primary)
+
+    def _server(self, port: int, name: str, *extra: str) -> subprocess.Popen[bytes]:
+        directory = self.workdir / name
+        directory.mkdir(exist_ok=True)
+        proc = subprocess.Popen(
+            [
+                *(self.binary, "--port", str(port), "--bind", "127.0.0.1"),
+                *("--save", "", "--appendonly", "no", "--dir", str(directory), *extra),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while not reachable("127.0.0.1", port):
+            assert time.monotonic() < deadline, "redis-server did not start"
+            time.sleep(0.05)
+        return proc
+
+
+def _online(replica: object) -> bool:
+    return isinstance(replica, dict) and replica.get("state") == "online"
+
+
+def _end(proc: subprocess.Popen[bytes] | None) -> None:
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
