@@ -64,6 +64,15 @@ class BudgetConfig(_Strict):
         return self
 
 
+class ShadowConfig(_Strict):
+    """A candidate that also decides a share of this pipeline's live events, publishing
+    nothing (``app/evaluate/shadow.py``)."""
+
+    pipeline: str
+    # Share of the live events it sees, chosen by event id (the same events on every process).
+    sample: float = Field(default=1.0, ge=0.0, le=1.0)
+
+
 class PipelineConfig(_Strict):
     model: str
     fallback_model: str | None = None
@@ -76,6 +85,7 @@ class PipelineConfig(_Strict):
     # Tool calls one reply may make; calls beyond it are refused and recorded, not published.
     max_tool_calls: int = Field(default=5, ge=1, le=100)
     budget: BudgetConfig | None = None
+    shadow: list[ShadowConfig] = Field(default_factory=list, max_length=10)
 
 
 class PriceConfig(_Strict):
@@ -180,6 +190,15 @@ def _reference_rules(data: dict[Any, Any], failed: frozenset[str]) -> list[Probl
             for tool in offered
             if isinstance(tool, str) and tool not in tools
         ]
+    for name, pipeline in (pipelines or {}).items():
+        shadows = value_of(pipeline, "shadow")
+        for index, shadow in enumerate(shadows if isinstance(shadows, list) else []):
+            candidate = value_of(shadow, "pipeline")
+            where = ("pipelines", str(name), "shadow", str(index), "pipeline")
+            if isinstance(candidate, str) and candidate not in (pipelines or {}):
+                problems.append((where, f"unknown pipeline {candidate!r}"))
+            elif candidate == name:
+                problems.append((where, "a pipeline cannot shadow itself"))
     return problems
 
 

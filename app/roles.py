@@ -32,6 +32,7 @@ from app.admin.service import AdminService
 from app.config import GatewayConfig
 from app.console.access import ConsoleAccess
 from app.console.glance import HealthGlance
+from app.decide.processor import EventProcessor
 from app.decide.wiring import (
     bedrock_client,
     breaker_policy,
@@ -39,6 +40,8 @@ from app.decide.wiring import (
     model_limits,
     wants_bedrock,
 )
+from app.evaluate.rerun import Rerunner
+from app.evaluate.shadow import ShadowRunner
 from app.ingest.budget import BodyBudget
 from app.ingest.collapse import AlertCollapser
 from app.ingest.router import WebhookEntry
@@ -66,6 +69,7 @@ from app.sources.base import AdapterDeps
 from app.state import ApiParts, Processing, Running, Shared, WorkerParts
 from app.store.db import create_engine, read_session_factory, session_factory
 from app.store.migrate import upgrade_head
+from app.store.models import CallPurpose
 from app.store.retention import RetentionJob
 from app.supervision import Supervisor
 
@@ -158,10 +162,13 @@ def _build_api(shared: Shared, deps: AdapterDeps | None, *, ack: ReplicaAck | No
         shared.health.check(
             "replicas", lambda: replicas_online(shared.redis, wanted), required=True
         )
+    config = shared.config
     admin = AdminService(
         sessions=shared.sessions,
         queue=queue,
-        sources=shared.config.sources,
+        sources=config.sources,
+        tool_schemas={name: tool.input_schema for name, tool in config.tools.items()},
+        candidates=frozenset(s.pipeline for p in config.pipelines.values() for s in p.shadow),
     )
     access = AdminAccess(token=settings.admin_token, service=admin)
     return ApiParts(
@@ -211,6 +218,7 @@ async def _build_worker(shared: Shared, stack: AsyncExitStack) -> WorkerParts:
             health=health,
             on_stored=relay.wake if relay is not None else lambda: None,
         )
+        shadow = _build_shadow(shared, clients, live=processor)
         worker = QueueWorker(
             queue=shared.queue,
             leases=PartitionLeases(
@@ -228,7 +236,7 @@ async def _build_worker(shared: Shared, stack: AsyncExitStack) -> WorkerParts:
             max_failures=settings.max_deliveries,
             supervisor=shared.supervisor,
         )
-        processing = Processing(processor=processor, worker=worker)
+        processing = Processing(processor=processor, worker=worker, shadow=shadow)
     else:
         log.warning("llm_not_configured", detail="set ANTHROPIC_API_KEY; events stay queued")
     configured = processing is not None
@@ -271,6 +279,33 @@ async def _build_relay(shared: Shared, stack: AsyncExitStack, *, owner: str) -> 
         poll_seconds=settings.relay_poll_seconds,
         batch_concurrency=settings.relay_batch_concurrency,
     )
+
+
+def _build_shadow(
+    shared: Shared, clients: dict[str, ClaudeClient], *, live: EventProcessor
+) -> ShadowRunner | None:
+    """Shadow candidates, when a pipeline has any: their own guarded caller (so they never
+    take the live calls' slots) over the same Redis limits, breaker and budgets."""
+    config = shared.config
+    if not any(pipeline.shadow for pipeline in config.pipelines.values()):
+        return None
+    candidates = build_processor(
+        settings=shared.settings,
+        config=config,
+        redis=shared.redis,
+        engine=shared.engine,
+        clients=clients,
+        health=LlmHealth(),
+        on_stored=lambda: None,
+    )
+    runner = ShadowRunner(
+        config=config,
+        rerunner=Rerunner(candidates, purpose=CallPurpose.SHADOW),
+        sessions=shared.sessions,
+        live_caller=live.caller,
+    )
+    live.after_decided = runner.after_decided
+    return runner
 
 
 def _llm_configured(settings: Settings, config: GatewayConfig) -> bool:
@@ -322,6 +357,8 @@ async def stop(running: Running) -> None:
         grace = running.shared.settings.shutdown_grace_seconds + 5
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(processing.worker.shutdown(), grace)
+        if processing.shadow is not None:
+            await processing.shadow.close(running.shared.settings.shutdown_grace_seconds)
     await running.shared.supervisor.stop_all()
     await _warn_of_lost_events(running.shared)
 

@@ -13,6 +13,7 @@ from app.admin.deps import AdminAccess
 from app.config import GatewayConfig
 from app.console.access import ConsoleAccess
 from app.decide.processor import EventProcessor
+from app.evaluate.shadow import ShadowRunner
 from app.ingest.router import WebhookEntry
 from app.ingest.service import IngestService
 from app.llm.health import LlmHealth
@@ -57,6 +58,7 @@ class Processing:
 
     processor: EventProcessor
     worker: QueueWorker
+    shadow: ShadowRunner | None = None  # shadow candidates, when a pipeline has any
 
 
 @dataclass

@@ -115,7 +115,10 @@ def database_url(_postgres_database: str | None, tmp_path: Path) -> Iterator[str
         engine = create_engine(_postgres_database)
         async with engine.begin() as conn:
             await conn.execute(
-                text("TRUNCATE outbox, llm_calls, dead_letters, events RESTART IDENTITY CASCADE")
+                text(
+                    "TRUNCATE outbox, llm_calls, dead_letters, shadow_decisions, events"
+                    " RESTART IDENTITY CASCADE"
+                )
             )
         await engine.dispose()
 

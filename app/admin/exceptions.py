@@ -6,6 +6,7 @@ AppError
 ├── InvalidCursor 400        a ``cursor`` this API did not hand out
 ├── EventNotFound 404
 ├── DeadLetterNotFound 404
+├── ShadowCandidateNotFound 404  neither configured nor with decisions
 └── ReplayConflict 409       dead letter already replayed, its event moved on, or the event
                              to replay is not held
 """
@@ -36,6 +37,10 @@ class EventNotFound(AppError):
 
 
 class DeadLetterNotFound(AppError):
+    status_code = 404
+
+
+class ShadowCandidateNotFound(AppError):
     status_code = 404
 
 

@@ -123,6 +123,20 @@ async def list_llm_calls(
     return await service.llm_calls(flt, limit=limit, cursor=cursor)
 
 
+@router.get("/v1/shadow")
+async def shadow(
+    service: AdminServiceDep,
+    candidate: Annotated[str, Query(pattern=_NO_NUL, max_length=64)],
+    since: Time = None,
+    until: Time = None,
+) -> dict[str, Any]:
+    """How a shadow candidate's decisions of live events compare with the live ones (its
+    newest 10,000 in the window): `events`, `action_agreement`, `exact_agreement`, `fields`
+    (per enum/boolean/number input field), `group_id_agreement` (fractions, null when nothing
+    was compared), `cost_usd` and `latency_ms` of each side, `errors`, `disagreements`."""
+    return await service.shadow(candidate, since=since, until=until)
+
+
 @router.get("/v1/dead-letters", response_model=Page[DeadLetterOut])
 async def list_dead_letters(
     service: AdminServiceDep,

@@ -69,6 +69,8 @@ class EventDetail(EventSummary):
     llm_calls: list[dict[str, Any]]
     tool_calls: list[dict[str, Any]]
     dead_letter: DeadLetterOut | None
+    # Shadow candidates' decisions of this event (none unless a pipeline has shadows).
+    shadow: list[dict[str, Any]] = []
 
 
 class ReplayAccepted(BaseModel):

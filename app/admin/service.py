@@ -11,14 +11,20 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import structlog
 from redis.exceptions import RedisError
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.admin import views
-from app.admin.exceptions import DeadLetterNotFound, EventNotFound, ReplayConflict
+from app.admin.exceptions import (
+    DeadLetterNotFound,
+    EventNotFound,
+    ReplayConflict,
+    ShadowCandidateNotFound,
+)
 from app.admin.pagination import (
     as_utc,
     decode_id_cursor,
@@ -37,12 +43,13 @@ from app.admin.schemas import (
     TimelineEntry,
     Window,
 )
+from app.admin.shadow import event_shadows, shadow_report, shadow_rows
 from app.errors import QueueUnavailable
 from app.events import Event, EventStatus, make_event
 from app.queue.requeue import requeue_event
 from app.queue.streams import EventQueue
 from app.source_config import SourceConfig
-from app.store.models import EventRow, utcnow
+from app.store.models import EventRow, ShadowDecisionRow, utcnow
 from app.store.repository import (
     DeadLetterRepository,
     EventRepository,
@@ -62,10 +69,14 @@ class AdminService:
         sessions: async_sessionmaker[AsyncSession],
         queue: EventQueue,
         sources: Mapping[str, SourceConfig],
+        tool_schemas: Mapping[str, Mapping[str, Any]] | None = None,
+        candidates: frozenset[str] = frozenset(),
     ) -> None:
         self.sessions = sessions
         self.queue = queue
         self.sources = sources
+        self.tool_schemas = tool_schemas or {}
+        self.candidates = candidates  # configured shadow candidates
 
     async def event(self, event_id: str) -> EventDetail:
         async with self.sessions() as session:
@@ -75,7 +86,13 @@ class AdminService:
             calls = await LlmCallRepository(session).for_event(event_id)
             outbox = await OutboxRepository(session).for_event(event_id)
             dead = await DeadLetterRepository(session).for_event(event_id)
+            shadows = await session.scalars(
+                select(ShadowDecisionRow)
+                .where(ShadowDecisionRow.event_id == event_id)
+                .order_by(ShadowDecisionRow.id)
+            )
         return EventDetail(
+            shadow=event_shadows(shadows.all()),
             **views.summary(row).model_dump(),
             delivery_id=row.delivery_id,
             pipeline=row.pipeline,
@@ -86,6 +103,18 @@ class AdminService:
             tool_calls=[views.tool_call(o) for o in outbox],
             dead_letter=views.dead_letter(dead[-1]) if dead else None,
         )
+
+    async def shadow(
+        self, candidate: str, *, since: datetime | None, until: datetime | None
+    ) -> dict[str, Any]:
+        async with self.sessions() as session:
+            rows = await shadow_rows(session, candidate, since=since, until=until)
+        if not rows and candidate not in self.candidates:
+            known = ", ".join(sorted(self.candidates)) or "none"
+            raise ShadowCandidateNotFound(
+                f"no shadow candidate {candidate!r} (configured: {known}) and no decisions of it"
+            )
+        return shadow_report(candidate, rows, self.tool_schemas)
 
     async def _queued_only(self, event_id: str) -> EventDetail:
         """An event on the stream that no worker has stored yet: only Redis knows it."""

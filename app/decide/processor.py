@@ -49,6 +49,8 @@ log = structlog.get_logger(__name__)
 # forgotten past this many (their retry then counts, as it did before).
 MAX_WAITING = 10_000
 NO_PUBLISH_STOPS = frozenset({"max_tokens", "refusal"})
+# (event, its stored outbox rows in order, the call that decided it)
+AfterDecided = Callable[[Event, Sequence[OutboxRow], CallResult], None]
 
 
 class EventProcessor:
@@ -62,6 +64,7 @@ class EventProcessor:
         trail: AuditTrail,
         max_deliveries: int,
         on_stored: Callable[[], None] = lambda: None,
+        after_decided: AfterDecided | None = None,
     ) -> None:
         self.config = config
         self.sessions = sessions
@@ -74,6 +77,9 @@ class EventProcessor:
         self.dead_letters = DeadLetters(sessions=sessions)
         self.max_deliveries = max_deliveries
         self.on_stored = on_stored
+        # Told of each live decision once it is stored (shadow candidates): it must return at
+        # once; whatever it raises is logged, never the live path's failure.
+        self.after_decided = after_decided
         # (event id, generation, lease epoch) whose last try met an unreachable dependency
         self._waiting: dict[tuple[str, int, int], bool] = {}
         self.validators = {
@@ -271,6 +277,11 @@ class EventProcessor:
             self.on_stored()
         else:
             EVENTS_FINISHED.labels(status=decision.status).inc()
+        if self.after_decided is not None:
+            try:
+                self.after_decided(event, rows, result)
+            except Exception:  # a shadow's trouble is never the live event's
+                log_.exception("after_decided_failed")
         log_.info(
             "llm_decided",
             model=reply.model,

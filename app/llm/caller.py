@@ -118,6 +118,8 @@ class GuardedCaller:
         self.slots = slots
         self.retry = retry
         self.sleep = sleep
+        # Calls waiting for the rate limit right now: shadow runs wait while any live one does.
+        self.waiting_for_limit = 0
         self.pipeline_slots = {
             name: asyncio.Semaphore(p.max_concurrency)
             for name, p in config.pipelines.items()
@@ -211,9 +213,13 @@ class GuardedCaller:
         """Wait for the rate limit; a success's reservation is settled by ``account``, a
         failure's by ``_record_failure``."""
         estimate = estimate_input_tokens(request.as_api())
-        return await self.limiter.acquire(
-            request.model, input_tokens=estimate, output_tokens=request.max_tokens
-        )
+        self.waiting_for_limit += 1
+        try:
+            return await self.limiter.acquire(
+                request.model, input_tokens=estimate, output_tokens=request.max_tokens
+            )
+        finally:
+            self.waiting_for_limit -= 1
 
     async def _attempt(
         self, pipeline: str, client: ClaudeClient, request: ClaudeRequest, *, spent: float

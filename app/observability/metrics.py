@@ -46,6 +46,12 @@ GROUP_ID_DISAGREEMENTS = Counter(
     "Tool calls whose message_group_id differs from the event's group key",
     ["tool", "policy"],
 )
+SHADOW_DECISIONS = Counter(
+    "eventgate_shadow_decisions_total",
+    "Shadow candidates' decisions of live events by agreement with the live one "
+    "(exact, action, none; error: no decision; skipped: the candidate's queue was full)",
+    ["candidate", "agreement"],
+)
 # Operating metrics.
 DEDUP_HITS = Counter(
     "eventgate_dedup_hits_total",

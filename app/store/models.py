@@ -134,6 +134,36 @@ class CallPurpose:
     EVAL = "eval"
 
 
+class ShadowDecisionRow(Base):
+    """A shadow candidate's decision of one live event, beside the live one (migration 0007).
+
+    The calls are ``[{"tool", "input"}]`` in order: the live decision as stored in the outbox,
+    the candidate's as the live path would have stored it. ``candidate_calls`` is None, and
+    ``error`` says why, when the candidate gave no decision.
+    """
+
+    __tablename__ = "shadow_decisions"
+    __table_args__ = (Index("ix_shadow_decisions_candidate_created", "candidate", "created_at"),)
+
+    id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
+    event_id: Mapped[str] = mapped_column(String(64), index=True)
+    baseline: Mapped[str] = mapped_column(String(64))
+    candidate: Mapped[str] = mapped_column(String(64))
+    baseline_calls: Mapped[list[Any]] = mapped_column(JSON)
+    candidate_calls: Mapped[list[Any] | None] = mapped_column(JSON, default=None)
+    agreement: Mapped[str] = mapped_column(String(16))  # exact | action | none | error
+    baseline_cost_usd: Mapped[float] = mapped_column(Float, default=0.0)
+    candidate_cost_usd: Mapped[float] = mapped_column(Float, default=0.0)
+    baseline_latency_ms: Mapped[float] = mapped_column(Float, default=0.0)
+    candidate_latency_ms: Mapped[float] = mapped_column(Float, default=0.0)
+    error: Mapped[str | None] = mapped_column(FreeText, default=None)
+    created_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), default=utcnow, index=True
+    )
+
+
 class OutboxStatus:
     PENDING = "pending"
     PUBLISHED = "published"

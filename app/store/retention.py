@@ -19,7 +19,14 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.events import FINAL_STATUSES
 from app.observability.metrics import RETENTION_DELETED
-from app.store.models import DeadLetterRow, EventRow, LlmCallRow, OutboxRow, utcnow
+from app.store.models import (
+    DeadLetterRow,
+    EventRow,
+    LlmCallRow,
+    OutboxRow,
+    ShadowDecisionRow,
+    utcnow,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -36,6 +43,20 @@ class RetentionRepository:
         ).all()
         if ids:
             await self.session.execute(delete(LlmCallRow).where(LlmCallRow.id.in_(ids)))
+        return len(ids)
+
+    async def delete_shadow_decisions(self, *, before: datetime, limit: int) -> int:
+        ids = (
+            await self.session.scalars(
+                select(ShadowDecisionRow.id)
+                .where(ShadowDecisionRow.created_at < before)
+                .limit(limit)
+            )
+        ).all()
+        if ids:
+            await self.session.execute(
+                delete(ShadowDecisionRow).where(ShadowDecisionRow.id.in_(ids))
+            )
         return len(ids)
 
     async def finished_event_ids(self, *, before: datetime, limit: int) -> Sequence[str]:
@@ -84,19 +105,27 @@ class RetentionJob:
     async def run_once(self, *, now: datetime | None = None) -> dict[str, int]:
         """Delete everything past the cutoff; returns rows deleted per table."""
         cutoff = (now or utcnow()) - self.max_age
-        totals = {"llm_calls": 0, "outbox": 0, "dead_letters": 0, "events": 0}
+        totals = {
+            "llm_calls": 0,
+            "shadow_decisions": 0,
+            "outbox": 0,
+            "dead_letters": 0,
+            "events": 0,
+        }
         while True:
             async with self.sessions() as session:
                 repo = RetentionRepository(session)
                 calls = await repo.delete_llm_calls(before=cutoff, limit=self.batch_size)
+                shadows = await repo.delete_shadow_decisions(before=cutoff, limit=self.batch_size)
                 ids = await repo.finished_event_ids(before=cutoff, limit=self.batch_size)
                 counts = await repo.delete_events(ids) if ids else {}
                 await session.commit()
             counts["llm_calls"] = calls
+            counts["shadow_decisions"] = shadows
             for table, count in counts.items():
                 totals[table] += count
                 RETENTION_DELETED.labels(table=table).inc(count)
-            if calls < self.batch_size and len(ids) < self.batch_size:
+            if max(calls, shadows, len(ids)) < self.batch_size:
                 break
         if any(totals.values()):
             log.info("retention_deleted", cutoff=cutoff.isoformat(), **totals)

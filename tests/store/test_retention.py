@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app.store.models import DeadLetterRow, EventRow, LlmCallRow, OutboxRow
+from app.store.models import DeadLetterRow, EventRow, LlmCallRow, OutboxRow, ShadowDecisionRow
 from app.store.retention import RetentionJob
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -72,6 +72,18 @@ async def _seed(sessions: async_sessionmaker[AsyncSession]) -> None:
                 )
             )
         session.add(DeadLetterRow(event_id="evt_old_dead", stage="llm", reason="x", created_at=OLD))
+        for n, at in enumerate([OLD, OLD, RECENT]):
+            session.add(
+                ShadowDecisionRow(
+                    event_id=f"evt_shadowed_{n}",
+                    baseline="triage",
+                    candidate="triage-v2",
+                    baseline_calls=[],
+                    candidate_calls=[],
+                    agreement="exact",
+                    created_at=at,
+                )
+            )
         await session.commit()
 
 
@@ -88,7 +100,14 @@ async def test_retention_deletes_old_finished_events_and_audit_rows(
         sessions=sessions, max_age_seconds=30 * 86400, interval_seconds=60, batch_size=1
     )
     deleted = await job.run_once(now=NOW)
-    assert deleted == {"llm_calls": 2, "outbox": 2, "dead_letters": 1, "events": 2}
+    assert deleted == {
+        "llm_calls": 2,
+        "shadow_decisions": 2,
+        "outbox": 2,
+        "dead_letters": 1,
+        "events": 2,
+    }
+    assert await _count(sessions, ShadowDecisionRow) == 1
     async with sessions() as session:
         left = set((await session.scalars(select(EventRow.id))).all())
         calls = set((await session.scalars(select(LlmCallRow.id))).all())
@@ -98,6 +117,7 @@ async def test_retention_deletes_old_finished_events_and_audit_rows(
     assert await _count(sessions, DeadLetterRow) == 0
     assert await job.run_once(now=NOW) == {
         "llm_calls": 0,
+        "shadow_decisions": 0,
         "outbox": 0,
         "dead_letters": 0,
         "events": 0,
