@@ -30,7 +30,8 @@ CANDIDATE_CONCURRENCY = 8
 
 
 def _config(directory: Path, *, shadow: bool) -> Path:
-    candidate = "    shadow: [{pipeline: triage-v2, sample: 1.0}]\n" if shadow else ""
+    sample = os.environ.get("BENCH_SHADOW_SAMPLE", "1.0")
+    candidate = f"    shadow: [{{pipeline: triage-v2, sample: {sample}}}]\n" if shadow else ""
     path = directory / f"eventgate-{'shadow' if shadow else 'live'}.yaml"
     path.write_text(
         f"""

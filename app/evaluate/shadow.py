@@ -14,8 +14,9 @@ Invariants:
 - Its calls go through a guarded caller of their own (so they never take the live calls'
   concurrency slots), under the same rate limits, breaker and budgets in Redis as live
   calls; each candidate has its own concurrency (its pipeline's ``max_concurrency``, else
-  ``DEFAULT_CONCURRENCY``) and budget (its pipeline's), and waits while any live call of
-  this process waits for the rate limit: live calls have priority.
+  ``DEFAULT_CONCURRENCY``) and budget (its pipeline's), and starts only while no live call
+  of this process waits for the rate limit and its event loop is not running late (the
+  process has room): live calls have priority.
 - The sample is chosen by event id, so every process shadows the same events; at most
   ``MAX_PENDING`` shadow decisions wait per process, beyond that an event is skipped and
   counted (``eventgate_shadow_decisions_total{agreement="skipped"}``). Pending shadow
@@ -46,6 +47,9 @@ log = structlog.get_logger(__name__)
 DEFAULT_CONCURRENCY = 2
 MAX_PENDING = 1000
 LIVE_WAIT_POLL_SECONDS = 0.2
+# A candidate starts only while a short sleep of the event loop ends less than this late.
+LAG_PROBE_SECONDS = 0.01
+MAX_LOOP_LAG_SECONDS = 0.005
 
 
 def sampled(event_id: str, candidate: str, share: float) -> bool:
@@ -116,8 +120,7 @@ class ShadowRunner:
     ) -> None:
         try:
             async with self.slots[candidate]:
-                while self.live_caller.waiting_for_limit:
-                    await self.sleep(LIVE_WAIT_POLL_SECONDS)
+                await self._room()
                 rerun = await self.rerunner.decide(event, candidate)
             agreement = agreement_of(live, rerun.decision)
             row = ShadowDecisionRow(
@@ -140,6 +143,19 @@ class ShadowRunner:
         except Exception:  # a failed shadow is counted and logged, never retried
             SHADOW_DECISIONS.labels(candidate=candidate, agreement="error").inc()
             log.exception("shadow_decision_failed", event_id=event.id, candidate=candidate)
+
+    async def _room(self) -> None:
+        """Wait while live work needs the process: a live call waits for the rate limit, or
+        the event loop runs late (the process is busy: a candidate's call would slow the
+        live ones down)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            started = loop.time()
+            await self.sleep(LAG_PROBE_SECONDS)
+            late = loop.time() - started - LAG_PROBE_SECONDS
+            if not self.live_caller.waiting_for_limit and late < MAX_LOOP_LAG_SECONDS:
+                return
+            await self.sleep(LIVE_WAIT_POLL_SECONDS)
 
     async def close(self, grace_seconds: float) -> None:
         """Give pending shadow decisions ``grace_seconds``, then cancel the rest."""
