@@ -73,6 +73,14 @@ class ShadowConfig(_Strict):
     sample: float = Field(default=1.0, ge=0.0, le=1.0)
 
 
+class HistoryConfig(_Strict):
+    """The key's last ``events`` events and their decisions in the prompt (``app/decide/
+    history.py``), within ``max_chars``."""
+
+    events: int = Field(ge=1, le=50)
+    max_chars: int = Field(default=2_000, ge=200, le=20_000)
+
+
 class PipelineConfig(_Strict):
     model: str
     fallback_model: str | None = None
@@ -86,6 +94,7 @@ class PipelineConfig(_Strict):
     max_tool_calls: int = Field(default=5, ge=1, le=100)
     budget: BudgetConfig | None = None
     shadow: list[ShadowConfig] = Field(default_factory=list, max_length=10)
+    history: HistoryConfig | None = None
 
 
 class PriceConfig(_Strict):

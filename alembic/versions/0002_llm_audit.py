@@ -23,9 +23,7 @@ def upgrade() -> None:
             sa.Column("provider", sa.String(length=32), nullable=False, server_default="anthropic")
         )
         batch_op.add_column(sa.Column("retry_reason", sa.String(length=200), nullable=True))
-        batch_op.add_column(
-            sa.Column("cost_usd", sa.Float(), nullable=False, server_default="0")
-        )
+        batch_op.add_column(sa.Column("cost_usd", sa.Float(), nullable=False, server_default="0"))
         batch_op.add_column(sa.Column("breaker_state", sa.String(length=16), nullable=True))
         batch_op.add_column(sa.Column("prompt_hash", sa.String(length=64), nullable=True))
         batch_op.add_column(sa.Column("prompt_text", sa.Text(), nullable=True))

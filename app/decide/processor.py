@@ -25,6 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from app.config import GatewayConfig
 from app.decide.audit import AuditTrail
+from app.decide.history import earlier_events, history_block
 from app.decide.prompts import render_event, system_blocks, tool_definitions
 from app.decide.tools import ToolCheck, check_tool_uses, repair_request, shown
 from app.events import FINAL_STATUSES, Event, EventStatus
@@ -82,6 +83,7 @@ class EventProcessor:
         self.after_decided = after_decided
         # (event id, generation, lease epoch) whose last try met an unreachable dependency
         self._waiting: dict[tuple[str, int, int], bool] = {}
+        self.source_types = {name: source.type for name, source in config.sources.items()}
         self.validators = {
             name: Draft202012Validator(tool.input_schema) for name, tool in config.tools.items()
         }
@@ -171,11 +173,17 @@ class EventProcessor:
         with one repair turn for an invalid tool input; stores nothing but the audit rows.
         Raises ``CallAbandoned`` when the guarded caller gives up."""
         pipeline = self.config.pipelines[event.pipeline]
+        content = render_event(event)
+        if pipeline.history is not None:
+            async with self.sessions() as session:
+                earlier = await earlier_events(session, event, limit=pipeline.history.events)
+            block = history_block(earlier, source_types=self.source_types, config=pipeline.history)
+            content = f"{content}\n{block}" if block else content
         request = ClaudeRequest(
             model=pipeline.model,
             system=system_blocks(pipeline.system),
             tools=tool_definitions(self.config, event.pipeline),
-            messages=[{"role": "user", "content": render_event(event)}],
+            messages=[{"role": "user", "content": content}],
             max_tokens=pipeline.max_tokens,
         )
         result = await self.caller.call(

@@ -51,6 +51,8 @@ class Base(DeclarativeBase):
 
 class EventRow(Base):
     __tablename__ = "events"
+    # A key's earlier events, for the prompt's history (migration 0008).
+    __table_args__ = (Index("ix_events_group_key_received", "group_key", "received_at"),)
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     source: Mapped[str] = mapped_column(String(64))
