@@ -81,6 +81,14 @@ class HistoryConfig(_Strict):
     max_chars: int = Field(default=2_000, ge=200, le=20_000)
 
 
+class EscalateConfig(_Strict):
+    """Triage: when this pipeline's decision calls ``when_tool``, the event is decided again
+    by pipeline ``to``, and only that decision is stored and published."""
+
+    to: str
+    when_tool: str
+
+
 class PipelineConfig(_Strict):
     model: str
     fallback_model: str | None = None
@@ -95,6 +103,7 @@ class PipelineConfig(_Strict):
     budget: BudgetConfig | None = None
     shadow: list[ShadowConfig] = Field(default_factory=list, max_length=10)
     history: HistoryConfig | None = None
+    escalate: EscalateConfig | None = None
 
 
 class PriceConfig(_Strict):
@@ -208,7 +217,27 @@ def _reference_rules(data: dict[Any, Any], failed: frozenset[str]) -> list[Probl
                 problems.append((where, f"unknown pipeline {candidate!r}"))
             elif candidate == name:
                 problems.append((where, "a pipeline cannot shadow itself"))
+    for name, pipeline in (pipelines or {}).items():
+        problems += _escalation_rules(str(name), pipeline, pipelines or {})
     return problems
+
+
+def _escalation_rules(name: str, pipeline: Any, pipelines: dict[Any, Any]) -> list[Problem]:
+    escalate = value_of(pipeline, "escalate")
+    if escalate is None:
+        return []
+    target, tool = value_of(escalate, "to"), value_of(escalate, "when_tool")
+    where = ("pipelines", name, "escalate")
+    if isinstance(target, str) and target not in pipelines:
+        return [((*where, "to"), f"unknown pipeline {target!r}")]
+    if target == name:
+        return [((*where, "to"), "a pipeline cannot escalate to itself")]
+    if isinstance(target, str) and value_of(pipelines[target], "escalate") is not None:
+        return [((*where, "to"), f"pipeline {target!r} escalates too: one step only")]
+    offered = value_of(pipeline, "tools")
+    if isinstance(tool, str) and isinstance(offered, list) and tool not in offered:
+        return [((*where, "when_tool"), f"{tool!r} is not one of this pipeline's tools")]
+    return []
 
 
 def _interpolate(

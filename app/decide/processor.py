@@ -33,7 +33,7 @@ from app.faults import Fence, LeaseLost, data_refused, dependency_unavailable
 from app.llm.attempts import AttemptLog
 from app.llm.caller import CallAbandoned, CallResult, GuardedCaller, run_together
 from app.llm.client import ClaudeRequest
-from app.observability.metrics import DEDUP_HITS, EVENTS_FINISHED
+from app.observability.metrics import DEDUP_HITS, ESCALATIONS, EVENTS_FINISHED
 from app.publish.messages import outbox_row
 from app.store.dead_letters import DeadLetters
 from app.store.decisions import Decision, DecisionStore
@@ -156,6 +156,9 @@ class EventProcessor:
             result, check = await self.ask(
                 event, record=self.trail.of(event), fence=fence, first_attempt=first_attempt
             )
+            escalate = self.config.pipelines[event.pipeline].escalate
+            if escalate is not None and _calls(check, escalate.when_tool):
+                result, check = await self._escalate(event, result, check, fence, escalate.to)
         except CallAbandoned as exc:
             await self.dead_letters.add(event.id, stage="llm", reason=str(exc), epoch=epoch)
             return
@@ -164,6 +167,33 @@ class EventProcessor:
         await run_together(
             self._store(event, result=result, check=check, epoch=epoch, log_=log_),
             self.caller.account(result),
+        )
+
+    async def _escalate(
+        self,
+        event: Event,
+        triage: CallResult,
+        check: ToolCheck,
+        fence: Fence | None,
+        to: str,
+    ) -> tuple[CallResult, ToolCheck]:
+        """The triage call asked for the escalation tool: its row is completed (priced, with
+        what it asked) and nothing of it is stored; pipeline ``to`` decides the event."""
+        outcome = self.trail.recorder.reply_outcome(
+            triage.reply,
+            status=LlmCallStatus.OK,
+            error="; ".join([f"escalated to pipeline {to!r}: nothing published", *check.notes()]),
+        )
+        await run_together(
+            self.trail.complete(triage.call_id, outcome), self.caller.account(triage)
+        )
+        ESCALATIONS.labels(pipeline=event.pipeline, to=to).inc()
+        escalated = event.model_copy(update={"pipeline": to})
+        return await self.ask(
+            escalated,
+            record=self.trail.of(escalated),
+            fence=fence,
+            first_attempt=triage.attempt.number + 1,
         )
 
     async def ask(
@@ -347,6 +377,10 @@ class EventProcessor:
         await self.trail.complete(result.call_id, scrubbed)
         await self.dead_letters.add(event.id, stage="worker", reason=reason, epoch=epoch)
         log_.error("decision_unstorable", error=refused)
+
+
+def _calls(check: ToolCheck, tool: str) -> bool:
+    return any(use.get("name") == tool for use in check.accepted)
 
 
 def decided_status(rows: Sequence[OutboxRow]) -> str:

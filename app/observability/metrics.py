@@ -46,6 +46,11 @@ GROUP_ID_DISAGREEMENTS = Counter(
     "Tool calls whose message_group_id differs from the event's group key",
     ["tool", "policy"],
 )
+ESCALATIONS = Counter(
+    "eventgate_escalations_total",
+    "Events a triage pipeline handed to the pipeline it escalates to",
+    ["pipeline", "to"],
+)
 SHADOW_DECISIONS = Counter(
     "eventgate_shadow_decisions_total",
     "Shadow candidates' decisions of live events by agreement with the live one "
