@@ -81,6 +81,12 @@ class HistoryConfig(_Strict):
     max_chars: int = Field(default=2_000, ge=200, le=20_000)
 
 
+class CacheConfig(_Strict):
+    """Reuse the decision for a prompt already paid for (``app/decide/cache.py``)."""
+
+    ttl_seconds: int = Field(ge=1, le=30 * 86400)
+
+
 class EscalateConfig(_Strict):
     """Triage: when this pipeline's decision calls ``when_tool``, the event is decided again
     by pipeline ``to``, and only that decision is stored and published."""
@@ -104,6 +110,7 @@ class PipelineConfig(_Strict):
     shadow: list[ShadowConfig] = Field(default_factory=list, max_length=10)
     history: HistoryConfig | None = None
     escalate: EscalateConfig | None = None
+    cache: CacheConfig | None = None
 
 
 class PriceConfig(_Strict):

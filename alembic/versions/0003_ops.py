@@ -11,8 +11,8 @@ Revises: 0002_llm_audit
 from __future__ import annotations
 
 import sqlalchemy as sa
-from alembic import op
 
+from alembic import op
 
 revision = "0003_ops"
 down_revision = "0002_llm_audit"

@@ -11,8 +11,8 @@ Revises: 0003_ops
 from __future__ import annotations
 
 import sqlalchemy as sa
-from alembic import op
 
+from alembic import op
 
 revision = "0004_fence"
 down_revision = "0003_ops"

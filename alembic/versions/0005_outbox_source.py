@@ -8,8 +8,8 @@ Revises: 0004_fence
 from __future__ import annotations
 
 import sqlalchemy as sa
-from alembic import op
 
+from alembic import op
 
 revision = "0005_outbox_source"
 down_revision = "0004_fence"

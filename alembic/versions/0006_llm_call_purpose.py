@@ -7,8 +7,8 @@ Revises: 0005_outbox_source
 from __future__ import annotations
 
 import sqlalchemy as sa
-from alembic import op
 
+from alembic import op
 
 revision = "0006_llm_call_purpose"
 down_revision = "0005_outbox_source"

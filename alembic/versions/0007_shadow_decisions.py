@@ -7,6 +7,7 @@ Revises: 0006_llm_call_purpose
 from __future__ import annotations
 
 import sqlalchemy as sa
+
 from alembic import op
 
 revision = "0007_shadow_decisions"

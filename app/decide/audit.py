@@ -32,11 +32,18 @@ class AuditRecorder:
         return self.prices.cost_usd(reply.model, usage_of(reply))
 
     def started_row(
-        self, event: Event, attempt: Attempt, *, call_id: str, purpose: str = CallPurpose.LIVE
+        self,
+        event: Event,
+        attempt: Attempt,
+        *,
+        call_id: str,
+        purpose: str = CallPurpose.LIVE,
+        cache_hit: bool = False,
     ) -> LlmCallRow:
         return LlmCallRow(
             **self._common(event, attempt, call_id=call_id),
             purpose=purpose,
+            cache_hit=cache_hit,
             model=attempt.request.model,
             status=LlmCallStatus.UNKNOWN,
             latency_ms=0.0,
@@ -126,14 +133,21 @@ class AuditTrail:
         return EventAttempts(self, event, purpose=purpose)
 
     async def begin(
-        self, event: Event, attempt: Attempt, *, purpose: str = CallPurpose.LIVE
+        self,
+        event: Event,
+        attempt: Attempt,
+        *,
+        purpose: str = CallPurpose.LIVE,
+        cache_hit: bool = False,
     ) -> str:
-        """The row of an attempt about to be made, outcome unknown; returns its id."""
+        """The row of an attempt about to be made (or of a cache hit), outcome unknown;
+        returns its id."""
         call_id = new_call_id()
+        row = self.recorder.started_row(
+            event, attempt, call_id=call_id, purpose=purpose, cache_hit=cache_hit
+        )
         async with self.autocommit.connect() as connection:
-            await LlmCallRepository(connection).add(
-                self.recorder.started_row(event, attempt, call_id=call_id, purpose=purpose)
-            )
+            await LlmCallRepository(connection).add(row)
         return call_id
 
     async def complete(self, call_id: str, outcome: dict[str, Any]) -> None:

@@ -16,7 +16,8 @@ Invariants:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import structlog
 from jsonschema import Draft202012Validator
@@ -25,14 +26,16 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from app.config import GatewayConfig
 from app.decide.audit import AuditTrail
+from app.decide.cache import ResponseCache
 from app.decide.history import earlier_events, history_block
 from app.decide.prompts import render_event, system_blocks, tool_definitions
 from app.decide.tools import ToolCheck, check_tool_uses, repair_request, shown
 from app.events import FINAL_STATUSES, Event, EventStatus
 from app.faults import Fence, LeaseLost, data_refused, dependency_unavailable
-from app.llm.attempts import AttemptLog
+from app.llm.attempts import Attempt, AttemptLog
+from app.llm.breaker import BreakerState
 from app.llm.caller import CallAbandoned, CallResult, GuardedCaller, run_together
-from app.llm.client import ClaudeRequest
+from app.llm.client import ClaudeReply, ClaudeRequest
 from app.observability.metrics import DEDUP_HITS, ESCALATIONS, EVENTS_FINISHED
 from app.publish.messages import outbox_row
 from app.store.dead_letters import DeadLetters
@@ -50,8 +53,28 @@ log = structlog.get_logger(__name__)
 # forgotten past this many (their retry then counts, as it did before).
 MAX_WAITING = 10_000
 NO_PUBLISH_STOPS = frozenset({"max_tokens", "refusal"})
-# (event, its stored outbox rows in order, the call that decided it)
-AfterDecided = Callable[[Event, Sequence[OutboxRow], CallResult], None]
+
+
+class Answer(Protocol):
+    """A reply that decides an event: a call's (``CallResult``) or the cache's."""
+
+    @property
+    def reply(self) -> ClaudeReply: ...
+    @property
+    def call_id(self) -> str: ...
+    @property
+    def cost_usd(self) -> float: ...
+
+
+@dataclass(frozen=True, slots=True)
+class CachedAnswer:
+    reply: ClaudeReply
+    call_id: str
+    cost_usd: float
+
+
+# (event, its stored outbox rows in order, the answer that decided it)
+AfterDecided = Callable[[Event, Sequence[OutboxRow], Answer], None]
 
 
 class EventProcessor:
@@ -66,6 +89,7 @@ class EventProcessor:
         max_deliveries: int,
         on_stored: Callable[[], None] = lambda: None,
         after_decided: AfterDecided | None = None,
+        cache: ResponseCache | None = None,
     ) -> None:
         self.config = config
         self.sessions = sessions
@@ -81,6 +105,7 @@ class EventProcessor:
         # Told of each live decision once it is stored (shadow candidates): it must return at
         # once; whatever it raises is logged, never the live path's failure.
         self.after_decided = after_decided
+        self.cache = cache  # the response cache, for pipelines that have one
         # (event id, generation, lease epoch) whose last try met an unreachable dependency
         self._waiting: dict[tuple[str, int, int], bool] = {}
         self.source_types = {name: source.type for name, source in config.sources.items()}
@@ -152,13 +177,24 @@ class EventProcessor:
         self, event: Event, *, fence: Fence | None, first_attempt: int, log_: Any
     ) -> None:
         epoch = fence.epoch if fence is not None else 0
+        pipeline = self.config.pipelines[event.pipeline]
+        request = await self.request_for(event)
+        cached = pipeline.cache is not None and self.cache is not None
+        if cached and await self._from_cache(event, request, first_attempt, epoch, log_):
+            return
+        escalated = False
         try:
             result, check = await self.ask(
-                event, record=self.trail.of(event), fence=fence, first_attempt=first_attempt
+                event,
+                record=self.trail.of(event),
+                fence=fence,
+                first_attempt=first_attempt,
+                request=request,
             )
-            escalate = self.config.pipelines[event.pipeline].escalate
+            escalate = pipeline.escalate
             if escalate is not None and _calls(check, escalate.when_tool):
                 result, check = await self._escalate(event, result, check, fence, escalate.to)
+                escalated = True
         except CallAbandoned as exc:
             await self.dead_letters.add(event.id, stage="llm", reason=str(exc), epoch=epoch)
             return
@@ -168,6 +204,29 @@ class EventProcessor:
             self._store(event, result=result, check=check, epoch=epoch, log_=log_),
             self.caller.account(result),
         )
+        keep = not (escalated or check.problems() or result.reply.stop_reason in NO_PUBLISH_STOPS)
+        if cached and keep and self.cache is not None and pipeline.cache is not None:
+            ttl = pipeline.cache.ttl_seconds
+            await self.cache.put(event.pipeline, request, result.reply, ttl_seconds=ttl)
+
+    async def _from_cache(
+        self, event: Event, request: ClaudeRequest, first_attempt: int, epoch: int, log_: Any
+    ) -> bool:
+        """A cached reply to the same prompt decides the event (audited as a hit, no cost);
+        False when there is none, or it no longer passes the tool checks (then Claude is
+        asked)."""
+        assert self.cache is not None
+        reply = await self.cache.get(event.pipeline, request)
+        if reply is None:
+            return False
+        check = self._check_reply(event, reply)
+        if check.invalid:
+            return False
+        attempt = Attempt(first_attempt, "cache", request, BreakerState.CLOSED, "cache hit")
+        call_id = await self.trail.begin(event, attempt, cache_hit=True)
+        answer = CachedAnswer(reply=reply, call_id=call_id, cost_usd=0.0)
+        await self._store(event, result=answer, check=check, epoch=epoch, log_=log_)
+        return True
 
     async def _escalate(
         self,
@@ -196,12 +255,8 @@ class EventProcessor:
             first_attempt=triage.attempt.number + 1,
         )
 
-    async def ask(
-        self, event: Event, *, record: AttemptLog, fence: Fence | None, first_attempt: int
-    ) -> tuple[CallResult, ToolCheck]:
-        """Claude's checked answer for ``event`` through its pipeline (``event.pipeline``),
-        with one repair turn for an invalid tool input; stores nothing but the audit rows.
-        Raises ``CallAbandoned`` when the guarded caller gives up."""
+    async def request_for(self, event: Event) -> ClaudeRequest:
+        """What Claude is asked for ``event`` through its pipeline (``event.pipeline``)."""
         pipeline = self.config.pipelines[event.pipeline]
         content = render_event(event)
         if pipeline.history is not None:
@@ -209,13 +264,28 @@ class EventProcessor:
                 earlier = await earlier_events(session, event, limit=pipeline.history.events)
             block = history_block(earlier, source_types=self.source_types, config=pipeline.history)
             content = f"{content}\n{block}" if block else content
-        request = ClaudeRequest(
+        return ClaudeRequest(
             model=pipeline.model,
             system=system_blocks(pipeline.system),
             tools=tool_definitions(self.config, event.pipeline),
             messages=[{"role": "user", "content": content}],
             max_tokens=pipeline.max_tokens,
         )
+
+    async def ask(
+        self,
+        event: Event,
+        *,
+        record: AttemptLog,
+        fence: Fence | None,
+        first_attempt: int,
+        request: ClaudeRequest | None = None,
+    ) -> tuple[CallResult, ToolCheck]:
+        """Claude's checked answer for ``event`` through its pipeline (``event.pipeline``),
+        with one repair turn for an invalid tool input; stores nothing but the audit rows.
+        Raises ``CallAbandoned`` when the guarded caller gives up."""
+        if request is None:
+            request = await self.request_for(event)
         result = await self.caller.call(
             request,
             pipeline_name=event.pipeline,
@@ -239,9 +309,12 @@ class EventProcessor:
         return result, check
 
     def _check(self, event: Event, result: CallResult) -> ToolCheck:
+        return self._check_reply(event, result.reply)
+
+    def _check_reply(self, event: Event, reply: ClaudeReply) -> ToolCheck:
         pipeline = self.config.pipelines[event.pipeline]
         return check_tool_uses(
-            result.reply,
+            reply,
             offered=pipeline.tools,
             validators=self.validators,
             max_calls=pipeline.max_tool_calls,
@@ -255,7 +328,7 @@ class EventProcessor:
         await self.trail.complete(result.call_id, outcome)
 
     async def _store(
-        self, event: Event, *, result: CallResult, check: ToolCheck, epoch: int, log_: Any
+        self, event: Event, *, result: Answer, check: ToolCheck, epoch: int, log_: Any
     ) -> None:
         reply = result.reply
         accepted, problems, notes = check.accepted, check.problems(), check.notes()
@@ -351,7 +424,7 @@ class EventProcessor:
     async def _unstorable(
         self,
         event: Event,
-        result: CallResult,
+        result: Answer,
         outcome: dict[str, Any],
         exc: Exception,
         *,

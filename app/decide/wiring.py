@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.config import GatewayConfig, ModelConfig
 from app.decide.audit import AuditRecorder, AuditTrail
 from app.decide.audit_text import TextMode
+from app.decide.cache import ResponseCache
 from app.decide.processor import EventProcessor
 from app.llm.breaker import BreakerPolicy, CircuitBreaker
 from app.llm.budget import BudgetLedger
@@ -110,4 +111,5 @@ def build_processor(
         trail=trail,
         max_deliveries=settings.max_deliveries,
         on_stored=on_stored,
+        cache=ResponseCache(redis, prefix=prefix),
     )

@@ -36,10 +36,11 @@ import structlog
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.config import GatewayConfig
+from app.decide.processor import Answer
 from app.evaluate.agreement import Agreement, Decision
 from app.evaluate.rerun import Rerunner
 from app.events import Event
-from app.llm.caller import CallResult, GuardedCaller
+from app.llm.caller import GuardedCaller
 from app.observability.metrics import SHADOW_DECISIONS
 from app.store.models import OutboxRow, ShadowDecisionRow
 
@@ -97,7 +98,7 @@ class ShadowRunner:
         }
         self.tasks: set[asyncio.Task[None]] = set()
 
-    def after_decided(self, event: Event, rows: Sequence[OutboxRow], result: CallResult) -> None:
+    def after_decided(self, event: Event, rows: Sequence[OutboxRow], result: Answer) -> None:
         """The live decision of ``event`` is stored: start its sampled candidates."""
         shadows = self.config.pipelines[event.pipeline].shadow
         chosen = [s.pipeline for s in shadows if sampled(event.id, s.pipeline, s.sample)]
@@ -115,9 +116,7 @@ class ShadowRunner:
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
 
-    async def _decide(
-        self, event: Event, candidate: str, live: Decision, result: CallResult
-    ) -> None:
+    async def _decide(self, event: Event, candidate: str, live: Decision, result: Answer) -> None:
         try:
             async with self.slots[candidate]:
                 await self._room()

@@ -46,6 +46,11 @@ GROUP_ID_DISAGREEMENTS = Counter(
     "Tool calls whose message_group_id differs from the event's group key",
     ["tool", "policy"],
 )
+LLM_CACHE = Counter(
+    "eventgate_llm_cache_total",
+    "Response cache lookups of pipelines with a cache: hit (no Claude call) or miss",
+    ["pipeline", "outcome"],
+)
 ESCALATIONS = Counter(
     "eventgate_escalations_total",
     "Events a triage pipeline handed to the pipeline it escalates to",

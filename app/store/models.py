@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     DateTime,
     Float,
     ForeignKey,
@@ -21,6 +22,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -120,6 +122,8 @@ class LlmCallRow(Base):
     prompt_hash: Mapped[str | None] = mapped_column(String(64), default=None)
     prompt_text: Mapped[str | None] = mapped_column(FreeText, default=None)
     response_text: Mapped[str | None] = mapped_column(FreeText, default=None)
+    # Added by migration 0009: the decision came from the response cache (no call, no cost).
+    cache_hit: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     # Added by migration 0006: ``live``, or a run that publishes nothing (CallPurpose).
     purpose: Mapped[str] = mapped_column(
         String(16), default="live", server_default="live", index=True
