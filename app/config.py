@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+from croniter import croniter
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from pydantic import (
@@ -95,6 +96,15 @@ class EscalateConfig(_Strict):
     when_tool: str
 
 
+class DigestOver(_Strict):
+    """What a scheduled pipeline's digest covers: the stored events of the last ``hours``
+    (of ``source``, or every source), at most ``max_events`` of them listed."""
+
+    source: str | None = None
+    hours: float = Field(gt=0, le=31 * 24)
+    max_events: int = Field(default=200, ge=1, le=5_000)
+
+
 class PipelineConfig(_Strict):
     model: str
     fallback_model: str | None = None
@@ -111,6 +121,17 @@ class PipelineConfig(_Strict):
     history: HistoryConfig | None = None
     escalate: EscalateConfig | None = None
     cache: CacheConfig | None = None
+    # A scheduled digest (``app/schedule/digests.py``): cron, UTC; 5 fields, or 6 with seconds.
+    schedule: str | None = None
+    over: DigestOver | None = None
+
+    @model_validator(mode="after")
+    def _digest(self) -> PipelineConfig:
+        if (self.schedule is None) != (self.over is None):
+            raise ValueError("a digest needs both 'schedule' (cron) and 'over'")
+        if self.schedule is not None and not croniter.is_valid(self.schedule):
+            raise ValueError(f"schedule {self.schedule!r} is not a cron expression")
+        return self
 
 
 class PriceConfig(_Strict):
@@ -226,6 +247,12 @@ def _reference_rules(data: dict[Any, Any], failed: frozenset[str]) -> list[Probl
                 problems.append((where, "a pipeline cannot shadow itself"))
     for name, pipeline in (pipelines or {}).items():
         problems += _escalation_rules(str(name), pipeline, pipelines or {})
+        over = value_of(pipeline, "over")
+        source = value_of(over, "source") if over is not None else None
+        if isinstance(source, str) and source not in sections.get("sources", {}):
+            problems.append(
+                (("pipelines", str(name), "over", "source"), f"unknown source {source!r}")
+            )
     return problems
 
 

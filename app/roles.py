@@ -64,6 +64,7 @@ from app.queue.layout import PartitionCountMismatch
 from app.queue.leases import PartitionLeases
 from app.queue.streams import EventQueue
 from app.queue.worker import QueueWorker
+from app.schedule.digests import DigestScheduler
 from app.settings import Settings
 from app.sources.base import AdapterDeps
 from app.state import ApiParts, Processing, Running, Shared, WorkerParts
@@ -341,6 +342,11 @@ def start(running: Running) -> None:
         running.worker.processing.worker.start()
     if running.worker.relay is not None:
         supervisor.start("relay", running.worker.relay.run)
+    if any(p.schedule is not None for p in shared.config.pipelines.values()):
+        digests = DigestScheduler(
+            config=shared.config, queue=shared.queue, sessions=shared.sessions
+        )
+        supervisor.start("digests", digests.run)
     if shared.settings.retention_seconds > 0:
         retention = RetentionJob(
             sessions=shared.sessions,

@@ -17,6 +17,7 @@ STAGES = (
     "observability",
     "console",
     "evaluate",
+    "schedule",
 )
 # Nothing under a stage imports these: they build and hold the whole app.
 FACTORY = (

@@ -1,0 +1,1 @@
+"""Work that starts on a clock rather than a webhook: scheduled digests."""
