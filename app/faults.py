@@ -33,6 +33,13 @@ class Fence(Protocol):
         ...
 
 
+# What a failed Redis call can raise: the cluster client's own errors (no node reachable, a
+# slot without a node) are not RedisError subclasses, and a refused socket is an OSError.
+REDIS_ERRORS: tuple[type[Exception], ...] = (
+    redis_errors.RedisError,
+    redis_errors.RedisClusterException,
+    OSError,
+)
 _REDIS_UNAVAILABLE = (
     redis_errors.ConnectionError,
     redis_errors.TimeoutError,

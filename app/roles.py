@@ -21,7 +21,6 @@ from contextlib import AsyncExitStack
 
 import aioboto3
 import structlog
-from redis.exceptions import RedisError
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -37,6 +36,7 @@ from app.decide.wiring import (
     model_limits,
     wants_bedrock,
 )
+from app.faults import REDIS_ERRORS
 from app.ingest.budget import BodyBudget
 from app.ingest.collapse import AlertCollapser
 from app.ingest.router import WebhookEntry
@@ -53,7 +53,7 @@ from app.publish.relay import OutboxRelay
 from app.publish.sns import SnsPublisher
 from app.queue.backlog import BacklogMonitor
 from app.queue.batching import EnqueueBatcher
-from app.queue.connection import connect_redis
+from app.queue.connection import is_cluster, open_redis
 from app.queue.layout import PartitionCountMismatch
 from app.queue.leases import PartitionLeases
 from app.queue.streams import EventQueue
@@ -103,9 +103,14 @@ async def _build_shared(
         await asyncio.to_thread(upgrade_head, settings.database_url)
     engine = create_engine(settings.database_url, pool_size=settings.database_pool_size)
     stack.push_async_callback(_dispose, engine)
-    redis = connect_redis(settings.redis_url)
+    redis = await open_redis(settings.redis_url, cluster=settings.redis_cluster)
     stack.push_async_callback(redis.aclose)
-    queue = EventQueue(redis, prefix=settings.redis_prefix, partitions=settings.partitions)
+    queue = EventQueue(
+        redis,
+        prefix=settings.redis_prefix,
+        partitions=settings.partitions,
+        cluster=is_cluster(redis),
+    )
     await _check_layout(queue)
     supervisor = Supervisor(restart_seconds=settings.task_restart_seconds)
     backlog = BacklogMonitor(
@@ -114,7 +119,7 @@ async def _build_shared(
         max_age_seconds=settings.backlog_max_age_seconds,
     )
     health = Health(before_scrape=[backlog.refresh])
-    health.check("redis", succeeds(redis.ping), required=True)
+    health.check("redis", succeeds(queue.check_writable), required=True)
     health.check("database", succeeds(lambda: _ping(engine)), required=True)
     health.check("tasks", lambda: _loops(supervisor), required=True)
     return Shared(
@@ -323,7 +328,7 @@ async def _warn_of_lost_events(shared: Shared) -> None:
         return
     try:
         depth, _ = await shared.queue.backlog()
-    except (RedisError, OSError) as exc:
+    except REDIS_ERRORS as exc:
         log.warning("queue_unmeasured_at_exit", error=type(exc).__name__)
         return
     if depth:
@@ -345,7 +350,7 @@ async def _check_layout(queue: EventQueue) -> None:
     except PartitionCountMismatch as exc:
         log.error("partition_count_mismatch", detail=str(exc))
         raise
-    except (RedisError, OSError, TimeoutError) as exc:
+    except REDIS_ERRORS as exc:  # asyncio.timeout raises TimeoutError, an OSError
         log.warning("partition_count_unchecked", error=type(exc).__name__)
 
 

@@ -21,6 +21,9 @@ class Settings(BaseSettings):
     redis_url: str = "memory://"
     # Prefix of every Redis key; lets several gateways (or test runs) share one Redis.
     redis_prefix: str = "eventgate"
+    # Redis Cluster: unset, detected from the node at redis_url (INFO cluster); true or false
+    # forces the cluster client or a plain one.
+    redis_cluster: bool | None = None
     database_url: str = "sqlite+aiosqlite:///./eventgate.db"
     # Connections kept open per process (PostgreSQL); up to half as many more under load.
     database_pool_size: int = Field(default=20, ge=1)

@@ -14,7 +14,6 @@ from datetime import datetime
 from typing import TypeVar
 
 import structlog
-from redis.exceptions import RedisError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.admin import views
@@ -39,6 +38,7 @@ from app.admin.schemas import (
 )
 from app.errors import QueueUnavailable
 from app.events import Event, EventStatus, make_event
+from app.faults import REDIS_ERRORS
 from app.queue.requeue import requeue_event
 from app.queue.streams import EventQueue
 from app.source_config import SourceConfig
@@ -91,7 +91,7 @@ class AdminService:
         """An event on the stream that no worker has stored yet: only Redis knows it."""
         try:
             queued = await self.queue.is_queued(event_id)
-        except (RedisError, OSError) as exc:
+        except REDIS_ERRORS as exc:
             raise QueueUnavailable("the event queue is unreachable; retry later") from exc
         if not queued:
             raise EventNotFound(f"no event {event_id!r} (unknown, or deleted by retention)")
@@ -268,7 +268,7 @@ class AdminService:
         )
         try:
             partition = await requeue_event(self.queue, event)
-        except (RedisError, OSError) as exc:
+        except REDIS_ERRORS as exc:
             await session.rollback()
             raise QueueUnavailable("the event queue is unreachable; retry later") from exc
         await session.commit()

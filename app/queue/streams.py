@@ -19,6 +19,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from app.leases import partition_lease_key
+from app.queue import slots
 from app.queue.layout import check_partition_count
 from app.queue.replays import Claim, ReplayClaims, ReplayInFlight
 
@@ -267,8 +268,22 @@ class EventQueue:
     async def read_new(
         self, *, consumer: str, partitions: list[int], count: int, block_ms: int
     ) -> list[StreamEntry]:
+        """New entries of ``partitions`` (up to ``count`` per stream), waiting up to
+        ``block_ms`` for some. On one Redis one blocking XREADGROUP over all the streams; in a
+        cluster, where one command may only name one slot's keys, a non-blocking read per
+        partition, repeated while nothing came (``slots.py``)."""
         if not partitions:
             return []
+        if self.cluster:
+            found = await slots.poll_streams(
+                self.redis,
+                keys=[self.stream_key(p) for p in partitions],
+                group=GROUP,
+                consumer=consumer,
+                count=count,
+                block_ms=block_ms,
+            )
+            return self._entries(found)
         streams: dict[Any, Any] = {self.stream_key(p): ">" for p in partitions}
         reply = await self.redis.xreadgroup(
             GROUP.decode(),
@@ -354,6 +369,14 @@ class EventQueue:
             args=[GROUP, entry.entry_id, token or "", event_id],
         )
         return bool(result)
+
+    async def check_writable(self) -> None:
+        """Raise unless an enqueue could be written now: a write in every partition's slot
+        (``slots.py``). On one Redis that is one round trip; a plain client given a cluster's
+        node (its mode undetected at start) fails it with MovedError, as its enqueues do."""
+        await slots.check_writable(
+            self.redis, [f"{self.prefix}:{{p{p}}}:ready" for p in range(self.partitions)]
+        )
 
     async def backlog(self) -> tuple[int, float]:
         """(entries on all streams, age in seconds of the oldest one; 0 when empty).
