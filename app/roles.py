@@ -53,7 +53,7 @@ from app.publish.relay import OutboxRelay
 from app.publish.sns import SnsPublisher
 from app.queue.backlog import BacklogMonitor
 from app.queue.batching import EnqueueBatcher
-from app.queue.connection import is_cluster, open_redis
+from app.queue.connection import open_redis
 from app.queue.layout import PartitionCountMismatch
 from app.queue.leases import PartitionLeases
 from app.queue.streams import EventQueue
@@ -105,12 +105,7 @@ async def _build_shared(
     stack.push_async_callback(_dispose, engine)
     redis = await open_redis(settings.redis_url, cluster=settings.redis_cluster)
     stack.push_async_callback(redis.aclose)
-    queue = EventQueue(
-        redis,
-        prefix=settings.redis_prefix,
-        partitions=settings.partitions,
-        cluster=is_cluster(redis),
-    )
+    queue = EventQueue(redis, prefix=settings.redis_prefix, partitions=settings.partitions)
     await _check_layout(queue)
     supervisor = Supervisor(restart_seconds=settings.task_restart_seconds)
     backlog = BacklogMonitor(

@@ -45,6 +45,9 @@ async def _read_one(redis: Redis, key: str, *, group: bytes, consumer: str, coun
     """XREADGROUP of one stream, sent to its slot's node: the cluster client would otherwise
     ask a node for the command's keys first (COMMAND GETKEYS), doubling every poll's round
     trips."""
+    if not isinstance(redis, RedisCluster):  # the cluster's way on one Redis (tests)
+        reply = await redis.xreadgroup(group.decode(), consumer, {key: ">"}, count=count)
+        return reply.items() if isinstance(reply, dict) else reply
     cluster = cast(RedisCluster, redis)
     reply = await cluster.execute_command(
         "XREADGROUP", "GROUP", group, consumer, "COUNT", count, "STREAMS", key, ">",

@@ -20,6 +20,7 @@ from redis.exceptions import ResponseError
 
 from app.leases import partition_lease_key
 from app.queue import slots
+from app.queue.connection import is_cluster
 from app.queue.layout import check_partition_count
 from app.queue.replays import Claim, ReplayClaims, ReplayInFlight
 
@@ -135,12 +136,14 @@ class EnqueueResult:
 
 class EventQueue:
     def __init__(
-        self, redis: Redis, *, prefix: str, partitions: int, cluster: bool = False
+        self, redis: Redis, *, prefix: str, partitions: int, cluster: bool | None = None
     ) -> None:
+        """``cluster``: keep every call within one slot; None: when ``redis`` is a cluster
+        client (True on one Redis runs the cluster's way there, for tests)."""
         self.redis = redis
         self.prefix = prefix
         self.partitions = partitions
-        self.cluster = cluster
+        self.cluster = is_cluster(redis) if cluster is None else cluster
         self._layout_checked = False
         self._enqueue = redis.register_script(ENQUEUE)
         self._ack = redis.register_script(_ACK)
@@ -385,12 +388,16 @@ class EventQueue:
         its id (``<ms>-<seq>``) is compared with Redis's own ``TIME``, so gateway clock skew
         does not matter.
         """
+        # The cluster client has no TIME in a pipeline: asked on its own there.
+        clustered = is_cluster(self.redis)
         async with self.redis.pipeline(transaction=False) as pipe:
             for partition in range(self.partitions):
                 pipe.xlen(self.stream_key(partition))
                 pipe.xrange(self.stream_key(partition), count=1)
-            pipe.time()
-            *replies, (seconds, micros) = await pipe.execute()
+            if not clustered:
+                pipe.time()
+            replies = await pipe.execute()
+        seconds, micros = await self.redis.time() if clustered else replies.pop()
         depth = sum(int(n) for n in replies[0::2])
         added_ms = [int(r[0][0].split(b"-", 1)[0]) for r in replies[1::2] if r]
         if not added_ms:

@@ -1,0 +1,132 @@
+"""A gateway pointed at one node of a real Redis Cluster (``tests/redis_cluster.py``): the
+cluster is detected (or forced), every partition takes webhooks, and ``/readyz`` answers 503
+while a master is down. Before, a plain client got MovedError and every webhook 503."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from redis.asyncio.cluster import RedisCluster
+from redis.cluster import RedisCluster as SyncCluster
+from redis.exceptions import MovedError
+
+from app.config import load_config
+from app.main import create_app
+from app.queue.connection import is_cluster, open_redis
+from app.queue.streams import EventQueue
+from app.settings import Settings
+from tests.conftest import HAVE_REDIS, REDIS_URL
+from tests.redis_cluster import LocalCluster, require_cluster_tools
+from tests.support import ServerThread, github_request, issue_payload
+
+SECRET = "dev-github-secret"  # the built-in config's GitHub secret
+PARTITIONS = 16
+
+
+def _cluster_settings(
+    make_settings: Callable[..., Settings], cluster: LocalCluster, **overrides: object
+) -> Settings:
+    return make_settings(redis_url=cluster.url, partitions=PARTITIONS, **overrides)
+
+
+def _send(url: str, repo: str, number: int = 1) -> httpx.Response:
+    body, headers = github_request(SECRET, issue_payload(repo, number))
+    return httpx.post(f"{url}/v1/webhooks/github", content=body, headers=headers, timeout=10)
+
+
+async def test_a_cluster_node_is_detected_and_a_plain_one_is_not(
+    redis_cluster: LocalCluster,
+) -> None:
+    clustered = await open_redis(redis_cluster.node_url(1))
+    plain = await open_redis(REDIS_URL if HAVE_REDIS else "memory://")
+    try:
+        assert isinstance(clustered, RedisCluster)
+        assert is_cluster(clustered) and not is_cluster(plain)
+        assert EventQueue(clustered, prefix="p", partitions=4).cluster
+        assert not EventQueue(plain, prefix="p", partitions=4).cluster
+    finally:
+        await clustered.aclose()
+        await plain.aclose()
+
+
+async def test_eventgate_redis_cluster_forces_the_mode_either_way(
+    redis_cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EVENTGATE_REDIS_CLUSTER", "true")
+    assert Settings().redis_cluster is True
+    forced = await open_redis(redis_cluster.url, cluster=True)
+    # false on a cluster node: a plain client, which is what failed before (MovedError).
+    monkeypatch.setenv("EVENTGATE_REDIS_CLUSTER", "false")
+    assert Settings().redis_cluster is False
+    plain = await open_redis(redis_cluster.url, cluster=False)
+    try:
+        assert is_cluster(forced) and not is_cluster(plain)
+        queue = EventQueue(plain, prefix="forced", partitions=PARTITIONS)
+        with pytest.raises(MovedError):
+            await queue.check_writable()
+    finally:
+        await forced.aclose()
+        await plain.aclose()
+
+
+def test_a_gateway_on_one_node_takes_webhooks_of_every_partition(
+    redis_cluster: LocalCluster, make_settings: Callable[..., Settings]
+) -> None:
+    settings = _cluster_settings(make_settings, redis_cluster)
+    app = create_app(settings, load_config(None, env={}), role="api")
+    repos = [f"acme/repo-{n:02d}" for n in range(64)]
+    with ServerThread(app) as server:
+        ready = httpx.get(f"{server.url}/readyz", timeout=10)
+        assert ready.status_code == 200, ready.text
+        replies = [_send(server.url, repo) for repo in repos]
+        assert [r.status_code for r in replies] == [202] * len(repos), replies[0].text
+    lengths = _stream_lengths(redis_cluster, settings.redis_prefix)
+    assert all(n > 0 for n in lengths), lengths  # the 64 keys cover every partition
+    assert sum(lengths) == len(repos)
+
+
+def test_readyz_says_503_while_a_master_is_down_and_webhooks_get_503_never_500(
+    own_cluster: LocalCluster, make_settings: Callable[..., Settings]
+) -> None:
+    settings = _cluster_settings(make_settings, own_cluster)
+    app = create_app(settings, load_config(None, env={}), role="api")
+    with ServerThread(app) as server:
+        assert httpx.get(f"{server.url}/readyz", timeout=10).status_code == 200
+        own_cluster.kill(1)  # not the node the gateway was pointed at
+        killed = time.monotonic()
+        while (ready := httpx.get(f"{server.url}/readyz", timeout=10)).status_code != 503:
+            assert time.monotonic() - killed < 10, ready.text
+            time.sleep(0.1)
+        noticed = time.monotonic() - killed
+        assert ready.json()["checks"]["redis"].startswith("error"), ready.text
+        replies = [_send(server.url, f"acme/down-{n:02d}") for n in range(12)]
+    codes = {r.status_code for r in replies}
+    refused = [r for r in replies if r.status_code == 503]
+    print(f"\ncluster outage: /readyz 503 after {noticed:.2f} s; webhook codes {sorted(codes)}")
+    assert codes <= {202, 503}, [r.text for r in replies if r.status_code not in (202, 503)]
+    assert refused, "no webhook of a partition on the dead master was refused"
+    assert all(r.json()["error"] == "QueueUnavailable" for r in refused)
+    assert all("retry-after" in r.headers for r in refused)
+
+
+def _stream_lengths(cluster: LocalCluster, prefix: str) -> list[int]:
+    client = SyncCluster.from_url(cluster.url)
+    try:
+        return [int(client.xlen(f"{prefix}:{{p{p}}}:stream")) for p in range(PARTITIONS)]
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def own_cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    """A cluster of this test's own: it kills a master."""
+    require_cluster_tools()
+    cluster = LocalCluster(tmp_path / "cluster")
+    try:
+        yield cluster.start()
+    finally:
+        cluster.stop()
