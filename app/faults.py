@@ -40,6 +40,23 @@ REDIS_ERRORS: tuple[type[Exception], ...] = (
     redis_errors.RedisClusterException,
     OSError,
 )
+
+
+def raised_in_redis_client(exc: BaseException) -> bool:
+    """An AttributeError or TypeError raised inside redis-py itself: its cluster client can
+    fail so on a connection that another task closed while the slots were being read again
+    (a master going away: ``'NoneType' object has no attribute 'writelines'``, seen in
+    ``tests/queue/test_cluster.py``). A Redis failure, like ``REDIS_ERRORS``, not a bug of
+    the caller's."""
+    if not isinstance(exc, AttributeError | TypeError):
+        return False
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    module = tb.tb_frame.f_globals.get("__name__", "") if tb is not None else ""
+    return isinstance(module, str) and (module == "redis" or module.startswith("redis."))
+
+
 _REDIS_UNAVAILABLE = (
     redis_errors.ConnectionError,
     redis_errors.TimeoutError,

@@ -16,7 +16,7 @@ from redis.asyncio import Redis
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app.queue.connection import connect_cluster, connect_redis
+from app.queue.connection import connect_redis, open_redis
 from app.settings import Settings
 from app.store.db import create_engine, session_factory
 from app.store.migrate import upgrade_head
@@ -115,7 +115,7 @@ def redis_prefix() -> Iterator[str]:
 async def redis(redis_url: str, redis_prefix: str, on_cluster: bool) -> AsyncIterator[Redis]:
     """An async client of this test's Redis (a cluster client on the cluster); the test's
     keys go with ``redis_prefix``."""
-    client = connect_cluster(redis_url) if on_cluster else connect_redis(redis_url)
+    client = await open_redis(redis_url, cluster=True) if on_cluster else connect_redis(redis_url)
     yield client
     await client.aclose()
 

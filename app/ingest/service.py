@@ -25,7 +25,7 @@ import structlog
 from app.config import GatewayConfig, SourceConfig
 from app.errors import AppError, QueueUnavailable
 from app.events import Event, make_event
-from app.faults import REDIS_ERRORS
+from app.faults import REDIS_ERRORS, raised_in_redis_client
 from app.ingest.bounds import MAX_DELIVERY_ID_CHARS, MAX_GROUP_KEY_CHARS, bounded_key, checked_type
 from app.ingest.collapse import AlertCollapser
 from app.ingest.exceptions import ClientDisconnected, UnknownSource
@@ -172,6 +172,11 @@ class IngestService:
             for item, (event, event_bytes) in zip(described, prepared, strict=True):
                 outcomes.append(await self._one(source, item, event, event_bytes))
         except REDIS_ERRORS as exc:
+            log.warning("enqueue_failed", source=source.name, error=type(exc).__name__)
+            raise QueueUnavailable("the event queue is unreachable; retry later") from exc
+        except (AttributeError, TypeError) as exc:
+            if not raised_in_redis_client(exc):
+                raise
             log.warning("enqueue_failed", source=source.name, error=type(exc).__name__)
             raise QueueUnavailable("the event queue is unreachable; retry later") from exc
         except PartitionCountMismatch as exc:

@@ -10,6 +10,7 @@ gateway's calls each stay within one hash slot (``EventQueue.cluster``).
 
 from __future__ import annotations
 
+import contextlib
 from typing import cast
 
 import redis
@@ -86,7 +87,14 @@ async def open_redis(url: str, *, cluster: bool | None = None) -> Redis:
                 assumed="single node (set EVENTGATE_REDIS_CLUSTER to be sure)",
             )
             cluster = False
-    return connect_cluster(url) if cluster else connect_redis(url)
+    if not cluster:
+        return connect_redis(url)
+    client = connect_cluster(url)
+    # The slots are read now, once: left to the first commands, a burst of them read them
+    # concurrently and some failed on connections another had just replaced.
+    with contextlib.suppress(*REDIS_ERRORS):
+        await cast(RedisCluster, client).initialize()
+    return client
 
 
 async def is_cluster_node(url: str) -> bool:

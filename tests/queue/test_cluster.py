@@ -15,6 +15,7 @@ from redis.cluster import RedisCluster as SyncCluster
 from redis.exceptions import MovedError
 
 from app.config import load_config
+from app.faults import raised_in_redis_client
 from app.ingest.collapse import AlertCollapser
 from app.llm.breaker import BreakerPolicy, CircuitBreaker
 from app.llm.budget import BudgetLedger
@@ -142,7 +143,7 @@ def test_readyz_says_503_while_a_master_is_down_and_webhooks_get_503_never_500(
         noticed = time.monotonic() - killed
         assert ready.json()["checks"]["redis"].startswith("error"), ready.text
         replies, took = [], []
-        for n in range(12):
+        for n in range(32):
             started = time.monotonic()
             replies.append(_send(server.url, f"acme/down-{n:02d}"))
             took.append(time.monotonic() - started)
@@ -165,6 +166,20 @@ def _stream_lengths(cluster: LocalCluster, prefix: str) -> list[int]:
         return [int(client.xlen(f"{prefix}:{{p{p}}}:stream")) for p in range(PARTITIONS)]
     finally:
         client.close()
+
+
+def test_an_attribute_error_inside_redis_py_is_a_redis_failure_and_ours_is_not() -> None:
+    """What a master going away made redis-py's cluster client raise now and then (a 500
+    before): an AttributeError from its own code, on a connection closed under it."""
+    inside: dict[str, object] = {"__name__": "redis.asyncio.connection"}
+    exec("def send(writer):\n    writer.writelines([])", inside)  # noqa: S102
+    with pytest.raises(AttributeError) as theirs:
+        inside["send"](None)  # type: ignore[operator]
+    assert raised_in_redis_client(theirs.value)
+    with pytest.raises(AttributeError) as ours:
+        None.writelines([])  # type: ignore[attr-defined]
+    assert not raised_in_redis_client(ours.value)
+    assert not raised_in_redis_client(ValueError("redis"))
 
 
 @pytest.fixture
