@@ -43,18 +43,21 @@ REDIS_ERRORS: tuple[type[Exception], ...] = (
 
 
 def raised_in_redis_client(exc: BaseException) -> bool:
-    """An AttributeError or TypeError raised inside redis-py itself: its cluster client can
-    fail so on a connection that another task closed while the slots were being read again
-    (a master going away: ``'NoneType' object has no attribute 'writelines'``, seen in
+    """An AttributeError, TypeError or RuntimeError raised on its way through redis-py's
+    code: its cluster client fails so on a connection another task closed under it while
+    the slots were being read again (a master going away: ``'NoneType' object has no
+    attribute 'writelines'``, uvloop's ``the handler is closed``, both seen in
     ``tests/queue/test_cluster.py``). A Redis failure, like ``REDIS_ERRORS``, not a bug of
     the caller's."""
-    if not isinstance(exc, AttributeError | TypeError):
+    if not isinstance(exc, AttributeError | TypeError | RuntimeError):
         return False
     tb = exc.__traceback__
-    while tb is not None and tb.tb_next is not None:
+    while tb is not None:
+        module = tb.tb_frame.f_globals.get("__name__", "")
+        if isinstance(module, str) and module.startswith("redis."):
+            return True
         tb = tb.tb_next
-    module = tb.tb_frame.f_globals.get("__name__", "") if tb is not None else ""
-    return isinstance(module, str) and (module == "redis" or module.startswith("redis."))
+    return False
 
 
 _REDIS_UNAVAILABLE = (

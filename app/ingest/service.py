@@ -174,7 +174,7 @@ class IngestService:
         except REDIS_ERRORS as exc:
             log.warning("enqueue_failed", source=source.name, error=type(exc).__name__)
             raise QueueUnavailable("the event queue is unreachable; retry later") from exc
-        except (AttributeError, TypeError) as exc:
+        except (AttributeError, TypeError, RuntimeError) as exc:
             if not raised_in_redis_client(exc):
                 raise
             log.warning("enqueue_failed", source=source.name, error=type(exc).__name__)
