@@ -68,6 +68,8 @@ _REDIS_UNAVAILABLE = (
     redis_errors.ClusterDownError,
     redis_errors.TryAgainError,
     redis_errors.MasterDownError,
+    redis_errors.ClusterError,  # the cluster client's retries on a failing node ran out
+    redis_errors.SlotNotCoveredError,  # a slot without a master (one went away)
 )
 _SQL_UNAVAILABLE = (
     sa_errors.OperationalError,
@@ -117,7 +119,7 @@ def data_refused(exc: BaseException) -> bool:
 def dependency_unavailable(exc: BaseException) -> bool:
     """True when ``exc`` (or what caused it) says a dependency could not serve the request."""
     for current in _chain(exc):
-        if isinstance(current, _UNAVAILABLE):
+        if isinstance(current, _UNAVAILABLE) or raised_in_redis_client(current):
             return True
         if isinstance(current, sa_errors.DBAPIError) and current.connection_invalidated:
             return True

@@ -12,10 +12,10 @@ import httpx
 import pytest
 from redis.asyncio.cluster import RedisCluster
 from redis.cluster import RedisCluster as SyncCluster
-from redis.exceptions import MovedError
+from redis.exceptions import MovedError, SlotNotCoveredError
 
 from app.config import load_config
-from app.faults import raised_in_redis_client
+from app.faults import dependency_unavailable, raised_in_redis_client
 from app.ingest.collapse import AlertCollapser
 from app.llm.breaker import BreakerPolicy, CircuitBreaker
 from app.llm.budget import BudgetLedger
@@ -186,6 +186,9 @@ def test_an_attribute_error_inside_redis_py_is_a_redis_failure_and_ours_is_not()
         None.writelines([])  # type: ignore[attr-defined]
     assert not raised_in_redis_client(ours.value)
     assert not raised_in_redis_client(ValueError("redis"))
+    # The worker retries such a failure in place; it never counts against the event.
+    assert dependency_unavailable(theirs.value) and not dependency_unavailable(ours.value)
+    assert dependency_unavailable(SlotNotCoveredError("slot 7 has no master"))
 
 
 def _closed_transport() -> None:
