@@ -2,8 +2,10 @@
 
 Keys carry a hash tag per partition (``{prefix}:{p7}:...``) so the dedup keys and the stream
 of one partition live in the same Redis Cluster slot and one Lua call can touch them all.
-``cluster=True`` keeps every script call within one slot; on one Redis (the default) a batch
-of events goes in one call whatever partitions it touches, and dedup keys are source-wide:
+``cluster`` (on by itself with redis-py's cluster client, ``connection.py``) keeps every
+command and script call within one slot, and reads each partition on its own (``slots.py``);
+on one Redis a batch of events goes in one call whatever partitions it touches, and dedup
+keys are source-wide:
 an event's second identity (``replays.py``) and its delivery id are found whatever
 partition a copy lands in, and whatever the partition count (``layout.py``).
 """
