@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -122,9 +123,18 @@ class LocalCluster:
 def _unused_port(taken: list[int]) -> int:
     while True:
         port = free_port()
-        # A cluster node also listens on port + 10000 (the cluster bus).
-        if port not in taken and port != 6379 and port + 10000 <= 65535:
+        # A cluster node also listens on port + 10000 (the cluster bus): free as well.
+        if port not in taken and port != 6379 and port + 10000 <= 65535 and _free(port + 10000):
             return port
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def _cli(port: int, *command: str) -> str:
