@@ -190,16 +190,21 @@ def repartition(
     EVENTGATE_PARTITIONS set to the new count."""
     import asyncio
 
-    from app.queue.connection import connect_redis
+    from app.queue.connection import is_cluster, open_redis
     from app.queue.layout import NotDrained
     from app.queue.layout import repartition as change
 
     settings = Settings()
 
     async def run() -> str:
-        redis = connect_redis(settings.redis_url)
+        redis = await open_redis(settings.redis_url, cluster=settings.redis_cluster)
         try:
-            done = await change(redis, prefix=settings.redis_prefix, partitions=partitions)
+            done = await change(
+                redis,
+                prefix=settings.redis_prefix,
+                partitions=partitions,
+                source_wide_dedup=not is_cluster(redis),
+            )
         finally:
             await redis.aclose()
         if done.before == done.after:

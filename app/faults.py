@@ -33,6 +33,33 @@ class Fence(Protocol):
         ...
 
 
+# What a failed Redis call can raise: the cluster client's own errors (no node reachable, a
+# slot without a node) are not RedisError subclasses, and a refused socket is an OSError.
+REDIS_ERRORS: tuple[type[Exception], ...] = (
+    redis_errors.RedisError,
+    redis_errors.RedisClusterException,
+    OSError,
+)
+
+
+def raised_in_redis_client(exc: BaseException) -> bool:
+    """An AttributeError, TypeError or RuntimeError raised on its way through redis-py's
+    code: its cluster client fails so on a connection another task closed under it while
+    the slots were being read again (a master going away: ``'NoneType' object has no
+    attribute 'writelines'``, uvloop's ``the handler is closed``, both seen in
+    ``tests/queue/test_cluster.py``). A Redis failure, like ``REDIS_ERRORS``, not a bug of
+    the caller's."""
+    if not isinstance(exc, AttributeError | TypeError | RuntimeError):
+        return False
+    tb = exc.__traceback__
+    while tb is not None:
+        module = tb.tb_frame.f_globals.get("__name__", "")
+        if isinstance(module, str) and module.startswith("redis."):
+            return True
+        tb = tb.tb_next
+    return False
+
+
 _REDIS_UNAVAILABLE = (
     redis_errors.ConnectionError,
     redis_errors.TimeoutError,
@@ -41,6 +68,8 @@ _REDIS_UNAVAILABLE = (
     redis_errors.ClusterDownError,
     redis_errors.TryAgainError,
     redis_errors.MasterDownError,
+    redis_errors.ClusterError,  # the cluster client's retries on a failing node ran out
+    redis_errors.SlotNotCoveredError,  # a slot without a master (one went away)
 )
 _SQL_UNAVAILABLE = (
     sa_errors.OperationalError,
@@ -90,7 +119,7 @@ def data_refused(exc: BaseException) -> bool:
 def dependency_unavailable(exc: BaseException) -> bool:
     """True when ``exc`` (or what caused it) says a dependency could not serve the request."""
     for current in _chain(exc):
-        if isinstance(current, _UNAVAILABLE):
+        if isinstance(current, _UNAVAILABLE) or raised_in_redis_client(current):
             return True
         if isinstance(current, sa_errors.DBAPIError) and current.connection_invalidated:
             return True

@@ -90,6 +90,7 @@ def create_app(
                 role=role,
                 sources=sorted(config.sources),
                 redis=settings.redis_url.split("@")[-1],
+                redis_cluster=running.shared.queue.cluster,
                 llm_configured=processing is not None,
                 builtin_config=settings.config is None,
             )

@@ -24,7 +24,7 @@ from app.evaluate.evals import Case, failures
 from app.evaluate.rerun import Rerun, Rerunner, event_of, live_decision, stored_events
 from app.events import Event, make_event
 from app.llm.health import LlmHealth
-from app.queue.connection import connect_redis
+from app.queue.connection import open_redis
 from app.roles import _claude_clients
 from app.settings import Settings
 from app.store.db import create_engine, session_factory
@@ -53,7 +53,7 @@ async def rerunner(
             raise RerunRefused("no Claude configured: set ANTHROPIC_API_KEY")
         engine = create_engine(settings.database_url, pool_size=settings.database_pool_size)
         stack.push_async_callback(engine.dispose)
-        redis = connect_redis(settings.redis_url)
+        redis = await open_redis(settings.redis_url, cluster=settings.redis_cluster)
         stack.push_async_callback(redis.aclose)
         processor = build_processor(
             settings=settings,

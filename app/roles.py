@@ -23,7 +23,6 @@ from contextlib import AsyncExitStack
 
 import aioboto3
 import structlog
-from redis.exceptions import RedisError
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -42,6 +41,7 @@ from app.decide.wiring import (
 )
 from app.evaluate.rerun import Rerunner
 from app.evaluate.shadow import ShadowRunner
+from app.faults import REDIS_ERRORS
 from app.ingest.budget import BodyBudget
 from app.ingest.collapse import AlertCollapser
 from app.ingest.router import WebhookEntry
@@ -59,7 +59,7 @@ from app.publish.sns import SnsPublisher
 from app.queue.acks import AckUnsupported, ReplicaAck, check_ack_support, replicas_online
 from app.queue.backlog import BacklogMonitor
 from app.queue.batching import EnqueueBatcher
-from app.queue.connection import connect_redis
+from app.queue.connection import open_redis
 from app.queue.layout import PartitionCountMismatch
 from app.queue.leases import PartitionLeases
 from app.queue.streams import EventQueue
@@ -113,7 +113,7 @@ async def _build_shared(
         await asyncio.to_thread(upgrade_head, settings.database_url)
     engine = create_engine(settings.database_url, pool_size=settings.database_pool_size)
     stack.push_async_callback(_dispose, engine)
-    redis = connect_redis(settings.redis_url)
+    redis = await open_redis(settings.redis_url, cluster=settings.redis_cluster)
     stack.push_async_callback(redis.aclose)
     queue = EventQueue(redis, prefix=settings.redis_prefix, partitions=settings.partitions)
     await _check_layout(queue)
@@ -124,7 +124,7 @@ async def _build_shared(
         max_age_seconds=settings.backlog_max_age_seconds,
     )
     health = Health(before_scrape=[backlog.refresh])
-    health.check("redis", succeeds(redis.ping), required=True)
+    health.check("redis", succeeds(queue.check_writable), required=True)
     health.check("database", succeeds(lambda: _ping(engine)), required=True)
     health.check("tasks", lambda: _loops(supervisor), required=True)
     return Shared(
@@ -376,7 +376,7 @@ async def _warn_of_lost_events(shared: Shared) -> None:
         return
     try:
         depth, _ = await shared.queue.backlog()
-    except (RedisError, OSError) as exc:
+    except REDIS_ERRORS as exc:
         log.warning("queue_unmeasured_at_exit", error=type(exc).__name__)
         return
     if depth:
@@ -412,7 +412,7 @@ async def _replica_ack(shared: Shared) -> ReplicaAck | None:
     except AckUnsupported as exc:
         log.error("redis_ack_unsupported", detail=str(exc))
         raise
-    except (RedisError, OSError, TimeoutError) as exc:
+    except REDIS_ERRORS as exc:
         log.warning("redis_ack_unchecked", error=type(exc).__name__)
     return ack
 
@@ -426,7 +426,7 @@ async def _check_layout(queue: EventQueue) -> None:
     except PartitionCountMismatch as exc:
         log.error("partition_count_mismatch", detail=str(exc))
         raise
-    except (RedisError, OSError, TimeoutError) as exc:
+    except REDIS_ERRORS as exc:  # asyncio.timeout raises TimeoutError, an OSError
         log.warning("partition_count_unchecked", error=type(exc).__name__)
 
 

@@ -28,6 +28,9 @@ class Settings(BaseSettings):
     redis_ack_replicas: int = Field(default=0, ge=0)
     redis_ack_timeout_ms: int = Field(default=500, ge=1, le=5000)
     redis_ack_aof: bool = False
+    # Redis Cluster: unset, detected from the node at redis_url (INFO cluster); true or false
+    # forces the cluster client or a plain one.
+    redis_cluster: bool | None = None
     database_url: str = "sqlite+aiosqlite:///./eventgate.db"
     # Connections kept open per process (PostgreSQL); up to half as many more under load.
     database_pool_size: int = Field(default=20, ge=1)

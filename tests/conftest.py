@@ -16,11 +16,12 @@ from redis.asyncio import Redis
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app.queue.connection import connect_redis
+from app.queue.connection import connect_redis, open_redis
 from app.settings import Settings
 from app.store.db import create_engine, session_factory
 from app.store.migrate import upgrade_head
 from eventgate_dev.fake_anthropic import FakeAnthropicServer, FakeBehaviour
+from tests.redis_cluster import LocalCluster, require_cluster_tools
 from tests.support import SnsFixture, free_port, reachable
 
 REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -48,9 +49,49 @@ def pytest_report_header() -> list[str]:
     ]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "cluster_too: run the test on a real local Redis Cluster as well (``redis_cluster``)",
+    )
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A ``cluster_too`` test runs twice: on the usual Redis and on the session's cluster."""
+    marked = metafunc.definition.get_closest_marker("cluster_too") is not None
+    if marked and "redis_backend" in metafunc.fixturenames:
+        metafunc.parametrize("redis_backend", ["one-redis", "cluster"], indirect=True)
+
+
 @pytest.fixture
-def redis_url() -> str:
+def redis_backend(request: pytest.FixtureRequest) -> str:
+    """``cluster`` for a ``cluster_too`` test's second run; ``one-redis`` otherwise."""
+    return str(getattr(request, "param", "one-redis"))
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """Three masters on free ports, for the session (``tests/redis_cluster.py``). Skipped
+    without redis-server, except in CI, where that is a failure."""
+    require_cluster_tools()
+    cluster = LocalCluster(tmp_path_factory.mktemp("redis-cluster"))
+    try:
+        yield cluster.start()
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def redis_url(redis_backend: str, request: pytest.FixtureRequest) -> str:
+    if redis_backend == "cluster":
+        cluster: LocalCluster = request.getfixturevalue("redis_cluster")
+        return cluster.url
     return REDIS_URL if HAVE_REDIS else "memory://"
+
+
+@pytest.fixture
+def on_cluster(redis_backend: str) -> bool:
+    return redis_backend == "cluster"
 
 
 @pytest.fixture
@@ -71,9 +112,10 @@ def redis_prefix() -> Iterator[str]:
 
 
 @pytest.fixture
-async def redis(redis_url: str, redis_prefix: str) -> AsyncIterator[Redis]:
-    """An async client of this test's Redis; the test's keys go with ``redis_prefix``."""
-    client = connect_redis(redis_url)
+async def redis(redis_url: str, redis_prefix: str, on_cluster: bool) -> AsyncIterator[Redis]:
+    """An async client of this test's Redis (a cluster client on the cluster); the test's
+    keys go with ``redis_prefix``."""
+    client = await open_redis(redis_url, cluster=True) if on_cluster else connect_redis(redis_url)
     yield client
     await client.aclose()
 

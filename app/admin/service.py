@@ -14,7 +14,6 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 import structlog
-from redis.exceptions import RedisError
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -46,6 +45,7 @@ from app.admin.schemas import (
 from app.admin.shadow import event_shadows, shadow_report, shadow_rows
 from app.errors import QueueUnavailable
 from app.events import Event, EventStatus, make_event
+from app.faults import REDIS_ERRORS
 from app.queue.requeue import requeue_event
 from app.queue.streams import EventQueue
 from app.source_config import SourceConfig
@@ -120,7 +120,7 @@ class AdminService:
         """An event on the stream that no worker has stored yet: only Redis knows it."""
         try:
             queued = await self.queue.is_queued(event_id)
-        except (RedisError, OSError) as exc:
+        except REDIS_ERRORS as exc:
             raise QueueUnavailable("the event queue is unreachable; retry later") from exc
         if not queued:
             raise EventNotFound(f"no event {event_id!r} (unknown, or deleted by retention)")
@@ -297,7 +297,7 @@ class AdminService:
         )
         try:
             partition = await requeue_event(self.queue, event)
-        except (RedisError, OSError) as exc:
+        except REDIS_ERRORS as exc:
             await session.rollback()
             raise QueueUnavailable("the event queue is unreachable; retry later") from exc
         await session.commit()

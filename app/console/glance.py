@@ -152,7 +152,12 @@ class HealthGlance:
 
     async def _leases(self, glance: Glance) -> None:
         keys = [partition_lease_key(self.prefix, p) for p in range(self.partitions)]
-        values = await self.redis.mget([*keys, relay_lease_key(self.prefix)])
+        # GETs pipelined, not one MGET: the leases are in every partition's slot, and a
+        # cluster refuses a command over several.
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for key in [*keys, relay_lease_key(self.prefix)]:
+                pipe.get(key)
+            values = await pipe.execute()
         owners = [_holder(v) for v in values]
         glance.partitions = [
             LeaseHolder(name=str(p), owner=owners[p]) for p in range(self.partitions)

@@ -20,8 +20,8 @@ from typing import Any
 import orjson
 import structlog
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
 
+from app.faults import REDIS_ERRORS
 from app.llm.client import ClaudeReply, ClaudeRequest
 from app.observability.metrics import LLM_CACHE
 
@@ -49,7 +49,7 @@ class ResponseCache:
     async def get(self, pipeline: str, request: ClaudeRequest) -> ClaudeReply | None:
         try:
             raw = await self.redis.get(cache_key(self.prefix, pipeline, request))
-        except (RedisError, OSError) as exc:
+        except REDIS_ERRORS as exc:
             log.warning("llm_cache_unavailable", pipeline=pipeline, error=type(exc).__name__)
             raw = None
         if raw is None:
@@ -73,5 +73,5 @@ class ResponseCache:
             await self.redis.set(
                 cache_key(self.prefix, pipeline, request), orjson.dumps(kept), ex=ttl_seconds
             )
-        except (RedisError, OSError) as exc:
+        except REDIS_ERRORS as exc:
             log.warning("llm_cache_unavailable", pipeline=pipeline, error=type(exc).__name__)

@@ -24,11 +24,11 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 import structlog
-from redis.exceptions import RedisError
 
 from app.config import GatewayConfig, SourceConfig
 from app.errors import AppError, QueueNotReplicated, QueueUnavailable
 from app.events import Event, make_event
+from app.faults import REDIS_ERRORS, raised_in_redis_client
 from app.ingest.bounds import MAX_DELIVERY_ID_CHARS, MAX_GROUP_KEY_CHARS, bounded_key, checked_type
 from app.ingest.collapse import AlertCollapser
 from app.ingest.exceptions import ClientDisconnected, UnknownSource
@@ -175,7 +175,12 @@ class IngestService:
         try:
             for item, (event, event_bytes) in zip(described, prepared, strict=True):
                 outcomes.append(await self._one(source, item, event, event_bytes))
-        except (RedisError, OSError) as exc:
+        except REDIS_ERRORS as exc:
+            log.warning("enqueue_failed", source=source.name, error=type(exc).__name__)
+            raise QueueUnavailable("the event queue is unreachable; retry later") from exc
+        except (AttributeError, TypeError, RuntimeError) as exc:
+            if not raised_in_redis_client(exc):
+                raise
             log.warning("enqueue_failed", source=source.name, error=type(exc).__name__)
             raise QueueUnavailable("the event queue is unreachable; retry later") from exc
         except PartitionCountMismatch as exc:
@@ -286,7 +291,7 @@ class IngestService:
                 source=source.name, fingerprints=firing, event_id=event_id, window_ms=window_ms
             )
             await self.collapser.forget(source=source.name, fingerprints=resolved)
-        except (RedisError, OSError) as exc:
+        except REDIS_ERRORS as exc:
             log.warning("collapse_not_recorded", source=source.name, error=type(exc).__name__)
 
 

@@ -8,9 +8,8 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
 
-from app.faults import LeaseLost
+from app.faults import REDIS_ERRORS, LeaseLost
 from app.leases import LeaseScripts, relay_lease_key
 
 # Of the lease's ttl, the part a holder counts on: Redis may see the renewal a little later
@@ -53,7 +52,7 @@ class RelayLease:
             held = await self._scripts.renew(
                 self.key, holder=self.owner, ttl_ms=self.ttl_ms
             ) or bool(await self.redis.set(self.key, self.owner, nx=True, px=self.ttl_ms))
-        except (RedisError, OSError):
+        except REDIS_ERRORS:
             held = False
         self.valid_until = started + self.ttl_ms / 1000 * SAFE_FRACTION if held else 0.0
         return held
@@ -76,7 +75,7 @@ class RelayLease:
         if self.valid_until - asyncio.get_running_loop().time() <= self.ttl_ms / 2000:
             try:
                 extended = await self._extend()
-            except (RedisError, OSError):
+            except REDIS_ERRORS:
                 extended = False  # nothing is sent on a lease not confirmed
             if not extended:
                 raise LeaseLost("the relay lease is not this relay's any more")
@@ -104,7 +103,7 @@ class RelayLease:
                 await self.sleep(self.ttl_ms / 1000 / 3)
                 try:
                     extended = await self._extend()
-                except (RedisError, OSError):
+                except REDIS_ERRORS:
                     continue
                 if deadline.expired():
                     return
@@ -128,7 +127,7 @@ class RelayLease:
         return extended
 
     async def release(self) -> None:
-        with contextlib.suppress(RedisError, OSError):  # it expires by itself
+        with contextlib.suppress(*REDIS_ERRORS):  # it expires by itself
             await self._scripts.release(self.key, holder=self.owner)
 
 
@@ -157,14 +156,14 @@ class PublishedMemory:
                 for dedup_id in dedup_ids:
                     pipe.get(self._key(dedup_id))
                 values = await pipe.execute()
-        except (RedisError, OSError):
+        except REDIS_ERRORS:
             return [None] * len(dedup_ids)
         return [v.decode() if isinstance(v, bytes) else v for v in values]
 
     async def remember_many(self, published: list[tuple[str, str]]) -> None:
         if not published:
             return
-        with contextlib.suppress(RedisError, OSError):
+        with contextlib.suppress(*REDIS_ERRORS):
             async with self.redis.pipeline(transaction=False) as pipe:
                 for dedup_id, message_id in published:
                     pipe.set(self._key(dedup_id), message_id, ex=self.window_seconds)

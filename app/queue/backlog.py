@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 
 import structlog
-from redis.exceptions import RedisError
 
 from app.errors import QueueUnavailable
+from app.faults import REDIS_ERRORS
 from app.observability.metrics import QUEUE_DEPTH, QUEUE_OLDEST_AGE
 from app.queue.streams import EventQueue
 
@@ -55,6 +55,6 @@ class BacklogMonitor:
         while True:
             try:
                 await self.refresh()
-            except (RedisError, OSError) as exc:
+            except REDIS_ERRORS as exc:
                 log.warning("backlog_refresh_failed", error=type(exc).__name__)
             await asyncio.sleep(self.interval)

@@ -6,9 +6,10 @@ Lua script keeps the single-event guarantees per event — dedup check (a signed
 digest included), XADD, dedup keys and queued set in one atomic step (it is
 ``streams.ENQUEUE``, the script ``EventQueue.enqueue`` runs for one event). On one Redis the
 whole batch is one call of it. In a Redis Cluster (``EventQueue.cluster``) a call may only
-touch keys of one partition (one hash tag): one call per partition touched, all sent in one
-pipeline, and an event with a second identity first claims it across partitions
-(``app/queue/replays.py``), all of a batch's claims in one more round trip.
+touch keys of one partition (one hash tag): one call per partition touched, all sent at once
+(concurrently: the cluster client runs no scripts in a pipeline), and an event with a second
+identity first claims it across partitions (``app/queue/replays.py``), all of a batch's
+claims in one more round trip.
 
 Invariants:
 - At most one batch is in flight, and a batch holds events in call order, so events of one
@@ -31,6 +32,7 @@ from typing import Any, Protocol
 from redis.exceptions import NoScriptError
 
 from app.queue.acks import ReplicaAck
+from app.queue.connection import is_cluster
 from app.queue.replays import Claim, ReplayInFlight
 from app.queue.streams import (
     BY_REPLAY,
@@ -185,13 +187,21 @@ class EnqueueBatcher:
 
     async def _send(self, groups: list[list[_Pending]]) -> list[Any]:
         """One round trip: EVALSHA per group, pipelined (one connection), then the waits of
-        ``ack``; errors come back as values, a shortfall of the waits as every group's."""
+        ``ack``; errors come back as values, a shortfall of the waits as every group's. The
+        cluster client refuses scripts in a pipeline: there the calls go out concurrently
+        (and a replica acknowledgement is refused at start)."""
         self.round_trips += 1
         ack = self.ack
-        async with self.queue.redis.pipeline(transaction=False) as pipe:
+        redis = self.queue.redis
+        if is_cluster(redis):
+            calls = [_keys_and_args(group) for group in groups]
+            return await asyncio.gather(
+                *(redis.evalsha(self._sha, len(keys), *keys, *args) for keys, args in calls),
+                return_exceptions=True,
+            )
+        async with redis.pipeline(transaction=False) as pipe:
             for group in groups:
-                keys = [key for item in group for key in item.keys]
-                args = [arg for item in group for arg in item.args]
+                keys, args = _keys_and_args(group)
                 pipe.evalsha(self._sha, len(keys), *keys, *args)
             if ack is not None:
                 ack.request(pipe)
@@ -203,6 +213,12 @@ class EnqueueBatcher:
         if short is None:
             return replies
         return [reply if isinstance(reply, BaseException) else short for reply in replies]
+
+
+def _keys_and_args(group: Sequence[_Pending]) -> tuple[list[str], list[str | int | bytes]]:
+    keys = [key for item in group for key in item.keys]
+    args = [arg for item in group for arg in item.args]
+    return keys, args
 
 
 def _resolve(group: Sequence[_Pending], reply: Sequence[Any]) -> None:

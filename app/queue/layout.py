@@ -74,15 +74,18 @@ async def check_partition_count(
     return stored
 
 
-async def repartition(redis: Redis, *, prefix: str, partitions: int) -> Repartitioned:
+async def repartition(
+    redis: Redis, *, prefix: str, partitions: int, source_wide_dedup: bool = True
+) -> Repartitioned:
     """Store ``partitions`` as the count, once nothing queued can move: every stream empty
     (acked entries are deleted, so an empty stream has nothing new nor pending), no
-    partition lease held and no worker seen for ``ALIVE_SECONDS``."""
+    partition lease held and no worker seen for ``ALIVE_SECONDS``. ``source_wide_dedup`` as
+    for ``check_partition_count`` (False in a cluster)."""
     if partitions < 1:
         raise ValueError("the partition count must be at least 1")
     before = await _stored(redis, prefix)
     if before is None:
-        before = await _migrate_older_queue(redis, prefix, rename=True) or partitions
+        before = await _migrate_older_queue(redis, prefix, rename=source_wide_dedup) or partitions
     streams = await _streams(redis, prefix)
     queued = {p: int(await redis.xlen(key)) for p, key in streams.items()}
     waiting = {p: n for p, n in queued.items() if n}

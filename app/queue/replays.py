@@ -36,7 +36,8 @@ from dataclasses import dataclass
 
 import structlog
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
+
+from app.faults import REDIS_ERRORS
 
 log = structlog.get_logger(__name__)
 # How long a request waits for an identical one being queued before taking its claim over.
@@ -152,5 +153,5 @@ class ReplayClaims:
                 else:
                     named = f"{queued_as} {claim.proof_key}"
                     await self._swap(keys=[claim.key], args=[claim.value, named, claim.window_ms])
-        except (RedisError, OSError) as exc:
+        except REDIS_ERRORS as exc:
             log.warning("replay_claims_not_settled", claims=len(claims), error=type(exc).__name__)

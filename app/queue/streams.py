@@ -2,8 +2,10 @@
 
 Keys carry a hash tag per partition (``{prefix}:{p7}:...``) so the dedup keys and the stream
 of one partition live in the same Redis Cluster slot and one Lua call can touch them all.
-``cluster=True`` keeps every script call within one slot; on one Redis (the default) a batch
-of events goes in one call whatever partitions it touches, and dedup keys are source-wide:
+``cluster`` (on by itself with redis-py's cluster client, ``connection.py``) keeps every
+command and script call within one slot, and reads each partition on its own (``slots.py``);
+on one Redis a batch of events goes in one call whatever partitions it touches, and dedup
+keys are source-wide:
 an event's second identity (``replays.py``) and its delivery id are found whatever
 partition a copy lands in, and whatever the partition count (``layout.py``).
 """
@@ -19,6 +21,8 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from app.leases import partition_lease_key
+from app.queue import slots
+from app.queue.connection import is_cluster
 from app.queue.layout import check_partition_count
 from app.queue.replays import Claim, ReplayClaims, ReplayInFlight
 
@@ -134,12 +138,14 @@ class EnqueueResult:
 
 class EventQueue:
     def __init__(
-        self, redis: Redis, *, prefix: str, partitions: int, cluster: bool = False
+        self, redis: Redis, *, prefix: str, partitions: int, cluster: bool | None = None
     ) -> None:
+        """``cluster``: keep every call within one slot; None: when ``redis`` is a cluster
+        client (True on one Redis runs the cluster's way there, for tests)."""
         self.redis = redis
         self.prefix = prefix
         self.partitions = partitions
-        self.cluster = cluster
+        self.cluster = is_cluster(redis) if cluster is None else cluster
         self._layout_checked = False
         self._enqueue = redis.register_script(ENQUEUE)
         self._ack = redis.register_script(_ACK)
@@ -267,8 +273,22 @@ class EventQueue:
     async def read_new(
         self, *, consumer: str, partitions: list[int], count: int, block_ms: int
     ) -> list[StreamEntry]:
+        """New entries of ``partitions`` (up to ``count`` per stream), waiting up to
+        ``block_ms`` for some. On one Redis one blocking XREADGROUP over all the streams; in a
+        cluster, where one command may only name one slot's keys, a non-blocking read per
+        partition, repeated while nothing came (``slots.py``)."""
         if not partitions:
             return []
+        if self.cluster:
+            found = await slots.poll_streams(
+                self.redis,
+                keys=[self.stream_key(p) for p in partitions],
+                group=GROUP,
+                consumer=consumer,
+                count=count,
+                block_ms=block_ms,
+            )
+            return self._entries(found)
         streams: dict[Any, Any] = {self.stream_key(p): ">" for p in partitions}
         reply = await self.redis.xreadgroup(
             GROUP.decode(),
@@ -355,6 +375,14 @@ class EventQueue:
         )
         return bool(result)
 
+    async def check_writable(self) -> None:
+        """Raise unless an enqueue could be written now: a write in every partition's slot
+        (``slots.py``). On one Redis that is one round trip; a plain client given a cluster's
+        node (its mode undetected at start) fails it with MovedError, as its enqueues do."""
+        await slots.check_writable(
+            self.redis, [f"{self.prefix}:{{p{p}}}:ready" for p in range(self.partitions)]
+        )
+
     async def backlog(self) -> tuple[int, float]:
         """(entries on all streams, age in seconds of the oldest one; 0 when empty).
 
@@ -362,12 +390,16 @@ class EventQueue:
         its id (``<ms>-<seq>``) is compared with Redis's own ``TIME``, so gateway clock skew
         does not matter.
         """
+        # The cluster client has no TIME in a pipeline: asked on its own there.
+        clustered = is_cluster(self.redis)
         async with self.redis.pipeline(transaction=False) as pipe:
             for partition in range(self.partitions):
                 pipe.xlen(self.stream_key(partition))
                 pipe.xrange(self.stream_key(partition), count=1)
-            pipe.time()
-            *replies, (seconds, micros) = await pipe.execute()
+            if not clustered:
+                pipe.time()
+            replies = await pipe.execute()
+        seconds, micros = await self.redis.time() if clustered else replies.pop()
         depth = sum(int(n) for n in replies[0::2])
         added_ms = [int(r[0][0].split(b"-", 1)[0]) for r in replies[1::2] if r]
         if not added_ms:

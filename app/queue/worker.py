@@ -27,10 +27,9 @@ from collections.abc import Awaitable, Callable
 
 import structlog
 from pydantic import ValidationError
-from redis.exceptions import RedisError
 
 from app.events import Event
-from app.faults import LeaseLost, dependency_unavailable
+from app.faults import REDIS_ERRORS, LeaseLost, dependency_unavailable
 from app.observability.metrics import DEAD_LETTERS
 from app.queue.dispatcher import KeyOrderedDispatcher
 from app.queue.leases import LeaseGuard, PartitionLeases
@@ -38,7 +37,6 @@ from app.queue.streams import EventQueue, StreamEntry
 from app.supervision import Supervised, Supervisor
 
 log = structlog.get_logger(__name__)
-REDIS_ERRORS = (RedisError, OSError)
 Process = Callable[[Event, LeaseGuard], Awaitable[None]]
 GiveUp = Callable[[Event, str], Awaitable[None]]
 

@@ -49,6 +49,7 @@ async def _stream_ids_by_key(queue: EventQueue) -> dict[str, list[str]]:
     return found
 
 
+@pytest.mark.cluster_too
 async def test_concurrent_calls_share_one_round_trip_and_get_their_own_results(
     queue: EventQueue,
 ) -> None:
@@ -63,6 +64,7 @@ async def test_concurrent_calls_share_one_round_trip_and_get_their_own_results(
     assert await queue.is_queued("evt_7")
 
 
+@pytest.mark.cluster_too
 async def test_duplicate_within_one_batch_gets_the_first_event_id(queue: EventQueue) -> None:
     batcher = EnqueueBatcher(queue)
     first, second = await asyncio.gather(
@@ -75,6 +77,7 @@ async def test_duplicate_within_one_batch_gets_the_first_event_id(queue: EventQu
     assert not await queue.is_queued("evt_b")
 
 
+@pytest.mark.cluster_too
 async def test_duplicate_across_batches_and_of_a_single_enqueue(queue: EventQueue) -> None:
     batcher = EnqueueBatcher(queue)
     assert await _enqueue(batcher, event_id="evt_a", key="k", delivery="d1") == EnqueueResult(
@@ -103,6 +106,7 @@ async def test_duplicate_across_batches_and_of_a_single_enqueue(queue: EventQueu
     assert 0 < await queue.redis.pttl(dedup_key) <= WINDOW_MS
 
 
+@pytest.mark.cluster_too
 async def test_per_key_order_is_call_order_across_many_batches(queue: EventQueue) -> None:
     batcher = EnqueueBatcher(queue, max_batch=7)
     keys = [f"repo/{k}" for k in range(5)]
@@ -151,6 +155,7 @@ async def test_a_redis_error_fails_every_waiter_of_the_batch(layout_checked: boo
     await redis.aclose()
 
 
+@pytest.mark.cluster_too
 async def test_a_cancelled_caller_does_not_cancel_the_others(queue: EventQueue) -> None:
     batcher = EnqueueBatcher(queue)
     gone = _enqueue(batcher, event_id="evt_gone", key="k")

@@ -59,6 +59,7 @@ async def _raw(queue: EventQueue) -> list[bytes]:
     return raw
 
 
+@pytest.mark.cluster_too
 async def test_a_github_event_is_stored_deflated_and_read_back_unchanged(
     queue: EventQueue,
 ) -> None:
@@ -71,6 +72,7 @@ async def test_a_github_event_is_stored_deflated_and_read_back_unchanged(
     assert [Event.from_bytes(entry.data) for entry in entries] == [first, second]
 
 
+@pytest.mark.cluster_too
 async def test_entries_written_plain_are_read_as_they_are(queue: EventQueue) -> None:
     """An older gateway's entries, and tiny ones that deflate would only make longer."""
     event = _event(3)
@@ -81,6 +83,7 @@ async def test_entries_written_plain_are_read_as_they_are(queue: EventQueue) -> 
     assert Event.from_bytes(entries[0].data) == event
 
 
+@pytest.mark.cluster_too
 async def test_an_operator_replay_is_deflated_too_and_pending_entries_unpack(
     queue: EventQueue,
 ) -> None:

@@ -16,6 +16,7 @@ def _leases(redis: Redis, prefix: str, owner: str, ttl_ms: int = 600) -> Partiti
     return PartitionLeases(redis, prefix=prefix, partitions=8, owner=owner, ttl_ms=ttl_ms)
 
 
+@pytest.mark.cluster_too
 async def test_partitions_spread_over_live_members_and_never_overlap(
     redis: Redis, redis_prefix: str
 ) -> None:
@@ -31,6 +32,7 @@ async def test_partitions_spread_over_live_members_and_never_overlap(
     assert set(a.owned()).isdisjoint(b.owned())
 
 
+@pytest.mark.cluster_too
 async def test_busy_partitions_are_not_given_back(redis: Redis, redis_prefix: str) -> None:
     a, b = _leases(redis, redis_prefix, "a"), _leases(redis, redis_prefix, "b")
     await a.tick()
@@ -39,6 +41,7 @@ async def test_busy_partitions_are_not_given_back(redis: Redis, redis_prefix: st
     assert len(a.owned()) == 8
 
 
+@pytest.mark.cluster_too
 async def test_dead_owner_partitions_are_taken_over_after_the_ttl(
     redis: Redis, redis_prefix: str
 ) -> None:
@@ -59,6 +62,7 @@ async def test_dead_owner_partitions_are_taken_over_after_the_ttl(
     assert a.owned() == []
 
 
+@pytest.mark.cluster_too
 async def test_each_acquisition_is_a_new_epoch_and_release_all_leaves(
     redis: Redis, redis_prefix: str
 ) -> None:
@@ -73,6 +77,7 @@ async def test_each_acquisition_is_a_new_epoch_and_release_all_leaves(
     assert a.tokens[0].startswith("a:")
 
 
+@pytest.mark.cluster_too
 async def test_ack_is_fenced_by_the_lease_token(redis: Redis, redis_prefix: str) -> None:
     queue = EventQueue(redis, prefix=redis_prefix, partitions=8)
     a, b = _leases(redis, redis_prefix, "a"), _leases(redis, redis_prefix, "b")
@@ -101,6 +106,7 @@ async def test_ack_is_fenced_by_the_lease_token(redis: Redis, redis_prefix: str)
     assert isinstance(entry, StreamEntry)
 
 
+@pytest.mark.cluster_too
 async def test_consumers_that_left_nothing_pending_are_forgotten(
     redis: Redis, redis_prefix: str
 ) -> None:
@@ -129,6 +135,7 @@ async def test_consumers_that_left_nothing_pending_are_forgotten(
     assert second.entry_id
 
 
+@pytest.mark.cluster_too
 async def test_still_owns_trusts_a_fresh_renewal_and_asks_redis_once_it_is_old(
     redis: Redis, redis_prefix: str
 ) -> None:

@@ -12,13 +12,13 @@ from pathlib import Path
 import httpx
 import orjson
 import pytest
-from redis import Redis
+from redis import Redis, RedisCluster
 from sqlalchemy import func, select
 
 from app.store.db import create_engine, session_factory
 from app.store.models import EventRow
 from eventgate_dev.fake_anthropic import FakeAnthropicServer
-from tests.conftest import HAVE_POSTGRES, HAVE_REDIS, REDIS_URL
+from tests.conftest import HAVE_POSTGRES, HAVE_REDIS
 from tests.support import (
     GatewayProcess,
     SnsFixture,
@@ -41,6 +41,7 @@ def start_gateway(
     sns: SnsFixture,
     fake_claude: FakeAnthropicServer,
     redis_prefix: str,
+    redis_url: str,
     database_url: str,
     moto_endpoint: str,
 ) -> Iterator[Callable[..., GatewayProcess]]:
@@ -53,7 +54,7 @@ def start_gateway(
             log_path=tmp_path / f"{name}.log",
             env=gateway_env(
                 config=config,
-                redis_url=REDIS_URL,
+                redis_url=redis_url,
                 redis_prefix=redis_prefix,
                 database_url=database_url,
                 claude_url=fake_claude.base_url,
@@ -89,13 +90,19 @@ async def _wait_all_published(database_url: str, total: int, timeout: float = 90
         await engine.dispose()
 
 
-def _lease_owners(prefix: str, partitions: int = 16) -> list[str]:
-    client = Redis.from_url(REDIS_URL)
-    try:
-        values = [client.get(f"{prefix}:{{p{p}}}:lease") for p in range(partitions)]
-    finally:
-        client.close()
-    return [v.decode() if isinstance(v, bytes) else "" for v in values]
+@pytest.fixture
+def lease_owners(redis_url: str, on_cluster: bool) -> Callable[[str], list[str]]:
+    """Each partition's lease holder under a prefix ("" when free)."""
+
+    def read(prefix: str, partitions: int = 16) -> list[str]:
+        client = RedisCluster.from_url(redis_url) if on_cluster else Redis.from_url(redis_url)
+        try:
+            values = [client.get(f"{prefix}:{{p{p}}}:lease") for p in range(partitions)]
+        finally:
+            client.close()
+        return [v.decode() if isinstance(v, bytes) else "" for v in values]
+
+    return read
 
 
 async def _send_all(
@@ -136,22 +143,27 @@ async def _send_all(
     return accepted
 
 
+@pytest.mark.cluster_too
 def test_sigkill_mid_stream_loses_nothing_duplicates_nothing_keeps_order(
     start_gateway: Callable[..., GatewayProcess],
+    on_cluster: bool,
     sns: SnsFixture,
     fake_claude: FakeAnthropicServer,
     redis_prefix: str,
+    lease_owners: Callable[[str], list[str]],
     database_url: str,
 ) -> None:
     fake_claude.behaviour.latency = 0.05
     gateways = [start_gateway(f"gw{i}") for i in range(3)]
     for gateway in gateways:
         gateway.wait_ready()
+        # On the cluster, each found it from the one node it was given.
+        assert f'"redis_cluster":{str(on_cluster).lower()}' in gateway.log_path.read_text()
     deadline = time.monotonic() + 30
     while not all(
-        any(f"-{g.proc.pid}-" in o for o in _lease_owners(redis_prefix)) for g in gateways
+        any(f"-{g.proc.pid}-" in o for o in lease_owners(redis_prefix)) for g in gateways
     ):  # wait until the partitions are spread over all three
-        assert time.monotonic() < deadline, _lease_owners(redis_prefix)
+        assert time.monotonic() < deadline, lease_owners(redis_prefix)
         time.sleep(0.2)
     victim = gateways[1]
     victim_pid = str(victim.proc.pid)
@@ -161,13 +173,13 @@ def test_sigkill_mid_stream_loses_nothing_duplicates_nothing_keeps_order(
     async def run() -> tuple[dict[str, list[str]], float]:
         async def killer() -> float:
             await asyncio.sleep(1.5)  # mid-stream: the victim holds leases and work
-            assert any(f"-{victim_pid}-" in o for o in _lease_owners(redis_prefix))
+            assert any(f"-{victim_pid}-" in o for o in lease_owners(redis_prefix))
             victim.kill()
             killed["at"] = time.monotonic()
             # Takeover: every lease the victim held is held by a live process again.
             while any(
                 f"-{victim_pid}-" in o or not o
-                for o in await asyncio.to_thread(_lease_owners, redis_prefix)
+                for o in await asyncio.to_thread(lease_owners, redis_prefix)
             ):
                 assert time.monotonic() - killed["at"] < 30, "leases were not taken over"
                 await asyncio.sleep(0.1)
@@ -223,6 +235,7 @@ def test_sigterm_drains_and_hands_partitions_over(
     sns: SnsFixture,
     fake_claude: FakeAnthropicServer,
     redis_prefix: str,
+    lease_owners: Callable[[str], list[str]],
 ) -> None:
     fake_claude.behaviour.latency = 0.5
     first = start_gateway("first").wait_ready()
@@ -245,8 +258,8 @@ def test_sigterm_drains_and_hands_partitions_over(
     # Its leases were released, not left to expire: the second process owns them at once.
     deadline = time.monotonic() + 6
     successor = f"-{second.proc.pid}-"
-    while not all(successor in owner for owner in _lease_owners(redis_prefix)):
-        assert time.monotonic() < deadline, _lease_owners(redis_prefix)
+    while not all(successor in owner for owner in lease_owners(redis_prefix)):
+        assert time.monotonic() < deadline, lease_owners(redis_prefix)
         time.sleep(0.2)
     messages = sns.receive(sns.fifo_url, expected=6, timeout=30)
     assert len(messages) == 6
@@ -258,6 +271,7 @@ def test_processes_joining_and_dying_never_stop_the_survivors(
     sns: SnsFixture,
     fake_claude: FakeAnthropicServer,
     redis_prefix: str,
+    lease_owners: Callable[[str], list[str]],
     database_url: str,
 ) -> None:
     """Two processes, and a third started and SIGKILLed six times while they rebalance: the
@@ -269,7 +283,7 @@ def test_processes_joining_and_dying_never_stop_the_survivors(
     for round_ in range(6):
         joiner = start_gateway(f"joiner{round_}", EVENTGATE_LEASE_TTL_MS="2000").wait_ready()
         deadline = time.monotonic() + 15
-        while not any(f"-{joiner.proc.pid}-" in o for o in _lease_owners(redis_prefix)):
+        while not any(f"-{joiner.proc.pid}-" in o for o in lease_owners(redis_prefix)):
             assert time.monotonic() < deadline, "the joiner never got a partition"
             time.sleep(0.1)
         joiner.kill()

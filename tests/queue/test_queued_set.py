@@ -36,6 +36,7 @@ def _entry(event_id: str, *, window_ms: int) -> NewEntry:
     )
 
 
+@pytest.mark.cluster_too
 async def test_an_event_stays_queued_past_its_dedup_window_until_acked(
     queue: EventQueue,
 ) -> None:
@@ -49,6 +50,7 @@ async def test_an_event_stays_queued_past_its_dedup_window_until_acked(
     assert not await queue.is_queued("evt_old")
 
 
+@pytest.mark.cluster_too
 async def test_queued_events_cost_one_hash_per_partition_not_a_key_each(
     queue: EventQueue, redis: Redis, redis_prefix: str
 ) -> None:
@@ -61,6 +63,7 @@ async def test_queued_events_cost_one_hash_per_partition_not_a_key_each(
     assert await redis.hlen(queue.queued_key(queue.partition_of("acme/api"))) == 50
 
 
+@pytest.mark.cluster_too
 async def test_an_operator_replay_is_queued_again_and_leaves_on_ack(queue: EventQueue) -> None:
     event = Event.model_validate(
         {
@@ -81,6 +84,7 @@ async def test_an_operator_replay_is_queued_again_and_leaves_on_ack(queue: Event
     assert not await queue.is_queued("evt_replayed")
 
 
+@pytest.mark.cluster_too
 async def test_a_marker_left_by_an_older_gateway_is_still_found(
     queue: EventQueue, redis: Redis
 ) -> None:

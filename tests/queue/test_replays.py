@@ -1,7 +1,8 @@
 """Replays across partitions (``app/queue/replays.py``) on the real Redis: what a claim left
 pending, a failed enqueue and identical requests in one batch are answered — on one Redis
 (the source-wide key checked and set by the enqueue script) and as in a Redis Cluster
-(``cluster=True``: claimed first, in a round trip of its own)."""
+(``cluster=True``: claimed first, in a round trip of its own), the ``cluster_too`` ones on a
+real cluster as well."""
 
 from __future__ import annotations
 
@@ -66,6 +67,7 @@ async def test_identical_requests_in_one_batch_get_one_event(queue: EventQueue) 
     assert (await queue.backlog())[0] == 1
 
 
+@pytest.mark.cluster_too
 async def test_a_concurrent_identical_request_waits_and_is_a_duplicate(
     cluster_queue: EventQueue, redis: Redis
 ) -> None:
@@ -84,6 +86,7 @@ async def test_a_concurrent_identical_request_waits_and_is_a_duplicate(
     assert (await queue.backlog())[0] == 0
 
 
+@pytest.mark.cluster_too
 async def test_a_claim_whose_event_never_got_queued_is_taken_over(
     cluster_queue: EventQueue, redis: Redis
 ) -> None:
@@ -176,6 +179,7 @@ class FirstLandsLate(ReplayClaims):
 
 
 @pytest.mark.parametrize("batched", [True, False])
+@pytest.mark.cluster_too
 async def test_a_claim_taken_over_keeps_naming_the_queued_event(
     cluster_queue: EventQueue, redis: Redis, batched: bool
 ) -> None:
