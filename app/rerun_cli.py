@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+import yaml
 
 from app.config import ConfigError, GatewayConfig, load_config
 from app.config_yaml import UnsafeYaml, read_yaml
@@ -178,7 +179,7 @@ def eval_cases(
     try:
         document = read_yaml(file.read_text())
         cases = parse_cases(document, gateway, pipeline=pipeline)
-    except (OSError, UnsafeYaml, EvalFileError, ValueError) as exc:
+    except (OSError, UnsafeYaml, yaml.YAMLError, EvalFileError, ValueError) as exc:
         typer.echo(f"{file}: {exc}", err=True)
         raise typer.Exit(2) from None
     found = _run(run_evaluate(settings, gateway, cases=cases, runs=runs, min_pass=min_pass))

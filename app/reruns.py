@@ -25,6 +25,7 @@ from app.evaluate.rerun import Rerun, Rerunner, event_of, live_decision, stored_
 from app.events import Event, make_event
 from app.llm.health import LlmHealth
 from app.queue.connection import connect_redis
+from app.redaction import redact_to_json
 from app.roles import _claude_clients
 from app.settings import Settings
 from app.store.db import create_engine, session_factory
@@ -203,8 +204,15 @@ async def evaluate(
         keys: list[str] = []
         async with sessions() as session:
             for case in cases:
-                event = await _case_event(session, case, config)
+                event = await _case_event(
+                    session, case, config, redact=settings.payload_redaction == "on"
+                )
                 pipeline = case.pipeline or event.pipeline
+                if pipeline not in config.pipelines:  # a stored event's, since removed
+                    raise RerunRefused(
+                        f"case {case.name!r}: no pipeline {pipeline!r} in the config "
+                        "(give the case or the run a --pipeline)"
+                    )
                 work += [(event, pipeline)] * runs
                 keys.append(event.group_key)
         reruns = await _decide_all(runner, work, limit=settings.llm_max_concurrency)
@@ -251,7 +259,11 @@ async def evaluate(
     }
 
 
-async def _case_event(session: AsyncSession, case: Case, config: GatewayConfig) -> Event:
+async def _case_event(
+    session: AsyncSession, case: Case, config: GatewayConfig, *, redact: bool
+) -> Event:
+    """A stored event as it was stored, or a case's payload as ingest would have made it
+    (redacted unless ``EVENTGATE_PAYLOAD_REDACTION=off``): the file may hold real secrets."""
     if case.event_id is not None:
         row = await session.get(EventRow, case.event_id)
         if row is None:
@@ -268,5 +280,5 @@ async def _case_event(session: AsyncSession, case: Case, config: GatewayConfig) 
         delivery_id=case.synthetic_id,
         pipeline=case.pipeline or source.pipeline,
         received_at=datetime.now(UTC),
-        payload=case.payload,
+        payload=redact_to_json(case.payload)[0] if redact else case.payload,
     )

@@ -34,6 +34,7 @@ from jsonschema import Draft202012Validator
 from app.config import GatewayConfig
 from app.evaluate.agreement import Decision, same
 from app.publish.ids import resolve_group_id
+from app.redaction import NestingTooDeep, payload_to_json
 
 CASE_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -65,6 +66,14 @@ CASE_SCHEMA: dict[str, Any] = {
                             "tool": {"type": "string"},
                             "no_tool": {"const": True},
                             "group_id": {"type": "string"},
+                        },
+                        # A value, or {in: [...]}: an ``in`` that is no list is refused (a
+                        # string would be read as its characters).
+                        "patternProperties": {
+                            r"^input\.": {
+                                "if": {"type": "object", "required": ["in"]},
+                                "then": {"properties": {"in": {"type": "array"}}},
+                            }
                         },
                     },
                 },
@@ -111,6 +120,12 @@ def parse_cases(document: Any, config: GatewayConfig, *, pipeline: str | None) -
     default = pipeline or document.get("pipeline")
     cases = []
     for item in document["cases"]:
+        try:
+            # What a webhook could carry (and the prompt and audit can hold): JSON orjson
+            # writes, at most MAX_DEPTH levels, integers of 64 bits.
+            payload_to_json([item.get("payload"), item["expect"]])
+        except (NestingTooDeep, TypeError) as exc:
+            raise EvalFileError(f"case {item['name']!r}: payload or expect: {exc}") from None
         chosen = pipeline or item.get("pipeline") or default
         source = item.get("source")
         if source is not None and source not in config.sources:
