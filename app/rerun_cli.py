@@ -42,10 +42,11 @@ def _when(text: str | None, option: str) -> datetime | None:
         return None
     try:
         value = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
+        # In UTC: SQLite compares the stored text, which drops an offset without applying it.
+        return value.astimezone(UTC) if value.tzinfo else value.replace(tzinfo=UTC)
+    except (ValueError, OverflowError):
         typer.echo(f"{option}: not an ISO 8601 time: {text!r}", err=True)
         raise typer.Exit(2) from None
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
 def _setup(config: Path | None) -> tuple[Settings, GatewayConfig]:

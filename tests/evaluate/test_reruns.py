@@ -16,6 +16,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from typer.testing import CliRunner, Result
 
 from app.cli import app
+from app.store.db import create_engine, session_factory
+from app.store.migrate import upgrade_head
 from app.store.models import EventRow, LlmCallRow, OutboxRow
 from app.store.repository import LlmCallRepository
 from eventgate_dev.fake_anthropic import FakeAnthropicServer, Persona
@@ -205,3 +207,29 @@ async def test_an_unknown_pipeline_is_refused(
     assert "no pipeline 'nope'" in result.output and "triage-v2" in result.output
     bad = await _invoke(env, "replay", "--pipeline", "triage", "--since", "yesterday")
     assert bad.exit_code == 2 and "not an ISO 8601 time" in bad.output
+
+
+async def test_since_with_an_offset_is_the_same_instant_on_sqlite(
+    env: dict[str, str], fake_claude: FakeAnthropicServer, tmp_path: Path
+) -> None:
+    # SQLite keeps times as text without their offset: 14:01+02:00 must be read as 12:01 UTC.
+    url = f"sqlite+aiosqlite:///{tmp_path / 'offsets.db'}"
+    await asyncio.to_thread(upgrade_head, url)
+    engine = create_engine(url)
+    try:
+        await _seed(session_factory(engine))
+    finally:
+        await engine.dispose()
+    result = await _invoke(
+        env | {"EVENTGATE_DATABASE_URL": url},
+        "replay",
+        "--pipeline",
+        "triage",
+        "--since",
+        "2026-11-30T14:01:00+02:00",
+        "--until",
+        "2026-11-30T07:02:00-05:00",
+        "--json",
+    )
+    found = _last_json(result)
+    assert found["events"] == 1  # evt_1 only, as on PostgreSQL
