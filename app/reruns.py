@@ -65,7 +65,10 @@ async def rerunner(
             health=LlmHealth(),
             on_stored=lambda: None,
         )
-        yield Rerunner(processor, purpose=purpose), session_factory(engine)
+        runner = Rerunner(
+            processor, purpose=purpose, deadline_seconds=settings.rerun_deadline_seconds
+        )
+        yield runner, session_factory(engine)
 
 
 async def _decide_all(

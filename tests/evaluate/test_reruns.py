@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -233,3 +234,31 @@ async def test_since_with_an_offset_is_the_same_instant_on_sqlite(
     )
     found = _last_json(result)
     assert found["events"] == 1  # evt_1 only, as on PostgreSQL
+
+
+async def test_a_run_ends_with_its_errors_while_claude_is_down(
+    env: dict[str, str],
+    sessions: async_sessionmaker[AsyncSession],
+    fake_claude: FakeAnthropicServer,
+    tmp_path: Path,
+) -> None:
+    # Every call a 500: the live path waits out the outage (breaker, a two-hour deadline);
+    # a run must end, each event's error said, and eval must fail its gate.
+    await _seed(sessions)
+    fake_claude.behaviour.down_until = time.monotonic() + 3600
+    fake_claude.behaviour.down_status = 500
+    fast = env | {
+        "EVENTGATE_RERUN_DEADLINE_SECONDS": "2",
+        "EVENTGATE_LLM_RETRY_BASE_SECONDS": "0.05",
+        "EVENTGATE_LLM_RETRY_CAP_SECONDS": "0.2",
+    }
+    started = time.monotonic()
+    found = _last_json(await _invoke(fast, "replay", "--pipeline", "triage", "--json"))
+    assert time.monotonic() - started < 30
+    assert found["pairs"] == 0
+    assert sorted(e["event_id"] for e in found["errors"]) == ["evt_0", "evt_1", "evt_2"]
+    assert "no decision within 2s" in found["errors"][0]["error"]
+    cases = tmp_path / "cases.yaml"
+    cases.write_text("cases: [{name: x, source: github, payload: {}, expect: {no_tool: true}}]")
+    result = await _invoke(fast, "eval", str(cases))
+    assert result.exit_code == 1 and "no decision within 2s" in result.stdout
