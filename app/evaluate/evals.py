@@ -121,9 +121,10 @@ def parse_cases(document: Any, config: GatewayConfig, *, pipeline: str | None) -
     cases = []
     for item in document["cases"]:
         try:
-            # What a webhook could carry (and the prompt and audit can hold): JSON orjson
-            # writes, at most MAX_DEPTH levels, integers of 64 bits.
-            payload_to_json([item.get("payload"), item["expect"]])
+            # As JSON, which is what a webhook carries and a tool input holds: a YAML date is
+            # its ISO text; refused past MAX_DEPTH levels, an integer past 64 bits, a key that
+            # is not a string.
+            payload, expect = orjson.loads(payload_to_json([item.get("payload"), item["expect"]]))
         except (NestingTooDeep, TypeError) as exc:
             raise EvalFileError(f"case {item['name']!r}: payload or expect: {exc}") from None
         chosen = pipeline or item.get("pipeline") or default
@@ -137,12 +138,12 @@ def parse_cases(document: Any, config: GatewayConfig, *, pipeline: str | None) -
         cases.append(
             Case(
                 name=item["name"],
-                expect=item["expect"],
+                expect=expect,
                 pipeline=chosen,
                 source=source,
                 type=item.get("type", "eval"),
                 group_key=item.get("group_key", "eval"),
-                payload=item.get("payload"),
+                payload=payload,
                 event_id=item.get("event_id"),
             )
         )

@@ -111,3 +111,20 @@ async def test_a_stored_event_whose_pipeline_is_gone_is_refused(
     result, found = await _eval(env, cases, "--pipeline", "triage", "--min-pass", "0", "--json")
     assert result.exit_code == 0, result.output
     assert found["errors"] == [] and len(fake_claude.behaviour.requests) == 1
+
+
+async def test_yaml_dates_in_a_case_are_the_json_text_a_webhook_would_carry(
+    env: dict[str, str], fake_claude: FakeAnthropicServer, tmp_path: Path
+) -> None:
+    # YAML reads 2026-12-01 as a date, which no JSON payload or tool input holds.
+    cases = tmp_path / "cases.yaml"
+    cases.write_text(
+        CASE % ("{since: 2026-12-01}", "{tool: publishAlert, input.severity: 2026-12-01}")
+    )
+    result, found = await _eval(env, cases, "--json")
+    assert result.exit_code == 1, result.output
+    (failure,) = found["cases"][0]["failures"]
+    assert failure.startswith("publishAlert input.severity: ")
+    assert failure.endswith(', expected "2026-12-01"')
+    prompt = fake_claude.behaviour.requests[0]["messages"][0]["content"]
+    assert '{"since":"2026-12-01"}' in prompt
