@@ -1,7 +1,8 @@
 """``eventgate replay``, ``eventgate consistency`` and ``eventgate eval``: events decided again,
 nothing published (``app/reruns.py``). Each prints the figures, and with ``--json`` one JSON
 object as the last line of stdout. Replay and consistency exit 0 once they ran, whatever the
-agreement; eval exits 1 when a case's pass rate is below ``--min-pass``; 2 is a usage error."""
+agreement, and 1 when an event got no decision (each is an ``error:`` line, and in
+``errors``); eval exits 1 when a case's pass rate is below ``--min-pass``; 2 is a usage error."""
 
 from __future__ import annotations
 
@@ -135,6 +136,8 @@ def replay(
         typer.echo(f"report: {report}")
     if as_json:
         typer.echo(json.dumps(found, sort_keys=True))
+    if found["errors"]:
+        raise typer.Exit(1)
 
 
 def consistency(
@@ -160,6 +163,8 @@ def consistency(
     typer.echo(f"tokens: {json.dumps(found['tokens'])}")
     if as_json:
         typer.echo(json.dumps(found, sort_keys=True))
+    if found["errors"]:
+        raise typer.Exit(1)
 
 
 def eval_cases(

@@ -253,11 +253,18 @@ async def test_a_run_ends_with_its_errors_while_claude_is_down(
         "EVENTGATE_LLM_RETRY_CAP_SECONDS": "0.2",
     }
     started = time.monotonic()
-    found = _last_json(await _invoke(fast, "replay", "--pipeline", "triage", "--json"))
+    ended = await _invoke(fast, "replay", "--pipeline", "triage", "--json")
     assert time.monotonic() - started < 30
+    # Figures and errors printed, and exit 1: a run that decided nothing did not run.
+    assert ended.exit_code == 1, ended.output
+    found = json.loads(ended.stdout.strip().splitlines()[-1])
     assert found["pairs"] == 0
     assert sorted(e["event_id"] for e in found["errors"]) == ["evt_0", "evt_1", "evt_2"]
     assert "no decision within 2s" in found["errors"][0]["error"]
+    ended = await _invoke(
+        fast, "consistency", "--pipeline", "triage", "--events", "1", "--runs", "2"
+    )
+    assert ended.exit_code == 1 and "error: evt_0: no decision within 2s" in ended.stdout
     cases = tmp_path / "cases.yaml"
     cases.write_text("cases: [{name: x, source: github, payload: {}, expect: {no_tool: true}}]")
     result = await _invoke(fast, "eval", str(cases))
