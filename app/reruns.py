@@ -31,6 +31,9 @@ from app.settings import Settings
 from app.store.db import create_engine, session_factory
 from app.store.models import CallPurpose, EventRow, LlmCallRow, LlmCallStatus
 
+# Where the runs' daily budgets are counted (beside the live ones, under the same prefix).
+RERUN_BUDGETS = "reruns"
+
 
 class RerunRefused(Exception):
     """The run cannot start (no Claude configured, an unknown pipeline); the message says so."""
@@ -64,6 +67,9 @@ async def rerunner(
             clients=clients,
             health=LlmHealth(),
             on_stored=lambda: None,
+            # Each pipeline's daily budget again, counted apart: a run spending the live
+            # one would make live events wait a day or be dead-lettered.
+            budget_prefix=f"{settings.redis_prefix}:{RERUN_BUDGETS}",
         )
         runner = Rerunner(
             processor, purpose=purpose, deadline_seconds=settings.rerun_deadline_seconds

@@ -84,9 +84,11 @@ def build_processor(
     clients: Mapping[str, ClaudeClient],
     health: LlmHealth,
     on_stored: Callable[[], None],
+    budget_prefix: str | None = None,
 ) -> EventProcessor:
     """The decide stage over Claude through ``clients`` (by provider), with the limiter,
-    breaker and budgets shared in ``redis`` and the audit log and outbox in ``engine``."""
+    breaker and budgets shared in ``redis`` and the audit log and outbox in ``engine``.
+    ``budget_prefix``: the daily budgets are counted apart (runs that publish nothing)."""
     prefix = settings.redis_prefix
     prices = PriceTable.from_config(config)
     audit = AuditRecorder(prices=prices, text_mode=cast(TextMode, settings.llm_audit_text))
@@ -96,7 +98,7 @@ def build_processor(
         clients=clients,
         limiter=RateLimiter(redis, prefix=prefix, limits=model_limits(settings, config)),
         breaker=CircuitBreaker(redis, prefix=prefix, policy=breaker_policy(settings)),
-        budgets=BudgetLedger(redis, prefix=prefix),
+        budgets=BudgetLedger(redis, prefix=budget_prefix or prefix),
         health=health,
         prices=prices,
         slots=asyncio.Semaphore(settings.llm_max_concurrency),

@@ -12,11 +12,14 @@ from typing import Any
 
 import orjson
 import pytest
+from redis.asyncio import Redis
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from typer.testing import CliRunner, Result
 
 from app.cli import app
+from app.config import parse_config
+from app.llm.budget import BudgetLedger
 from app.store.db import create_engine, session_factory
 from app.store.migrate import upgrade_head
 from app.store.models import EventRow, LlmCallRow, OutboxRow
@@ -269,3 +272,34 @@ async def test_a_run_ends_with_its_errors_while_claude_is_down(
     cases.write_text("cases: [{name: x, source: github, payload: {}, expect: {no_tool: true}}]")
     result = await _invoke(fast, "eval", str(cases))
     assert result.exit_code == 1 and "no decision within 2s" in result.stdout
+
+
+async def test_a_run_spends_its_own_budget_never_the_live_pipelines(
+    env: dict[str, str],
+    sessions: async_sessionmaker[AsyncSession],
+    fake_claude: FakeAnthropicServer,
+    redis: Redis,
+    redis_prefix: str,
+    tmp_path: Path,
+) -> None:
+    # A live pipeline that dead-letters its events once its day's budget is spent: a replay
+    # or eval through it must not spend that budget (the day's live alerts would be lost).
+    config = Path(env["EVENTGATE_CONFIG"])
+    config.write_text(
+        CONFIG.replace(
+            "    tools: [publishAlert]\n  triage-v2:",
+            "    tools: [publishAlert]\n"
+            "    budget: {daily_tokens: 1000000, on_exhausted: dead_letter}\n"
+            "  triage-v2:",
+        )
+    )
+    await _seed(sessions)
+    found = _last_json(await _invoke(env, "replay", "--pipeline", "triage", "--json"))
+    assert found["pairs"] == 3 and found["errors"] == []
+    budget = parse_config(config.read_text()).pipelines["triage"].budget
+    assert budget is not None
+    live = await BudgetLedger(redis, prefix=redis_prefix).status("triage", budget)
+    assert live.spend.tokens == 0
+    # The run's spend is counted, against a budget of the same size of its own.
+    runs = await BudgetLedger(redis, prefix=f"{redis_prefix}:reruns").status("triage", budget)
+    assert runs.spend.tokens > 0
