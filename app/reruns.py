@@ -105,17 +105,24 @@ def _check_pipeline(config: GatewayConfig, pipeline: str) -> None:
         raise RerunRefused(f"no pipeline {pipeline!r} in the config (configured: {known})")
 
 
+# Event ids per statement: PostgreSQL (asyncpg) and SQLite bind at most 32,767 parameters.
+_IDS_PER_QUERY = 10_000
+
+
 async def _live_costs(session: AsyncSession, event_ids: list[str]) -> tuple[float, list[float]]:
-    if not event_ids:
-        return 0.0, []
-    live = (LlmCallRow.event_id.in_(event_ids), LlmCallRow.purpose == CallPurpose.LIVE)
-    cost = await session.scalar(
-        select(func.coalesce(func.sum(LlmCallRow.cost_usd), 0)).where(*live)
-    )
-    latencies = await session.scalars(
-        select(LlmCallRow.latency_ms).where(*live, LlmCallRow.status == LlmCallStatus.OK)
-    )
-    return float(cost or 0), [float(v) for v in latencies]
+    total, latencies = 0.0, []
+    for start in range(0, len(event_ids), _IDS_PER_QUERY):
+        chunk = event_ids[start : start + _IDS_PER_QUERY]
+        live = (LlmCallRow.event_id.in_(chunk), LlmCallRow.purpose == CallPurpose.LIVE)
+        cost = await session.scalar(
+            select(func.coalesce(func.sum(LlmCallRow.cost_usd), 0)).where(*live)
+        )
+        found = await session.scalars(
+            select(LlmCallRow.latency_ms).where(*live, LlmCallRow.status == LlmCallStatus.OK)
+        )
+        total += float(cost or 0)
+        latencies += [float(v) for v in found]
+    return total, latencies
 
 
 async def replay(
