@@ -127,6 +127,12 @@ def replay(
     decided live: agreement, cost of each side, the disagreements."""
     settings, gateway = _setup(config)
     selection = Selection(_when(since, "--since"), _when(until, "--until"), source, limit)
+    if report is not None:
+        try:
+            report.touch()  # before the calls are paid for, not after
+        except OSError as exc:
+            typer.echo(f"--report: cannot write the report: {exc}", err=True)
+            raise typer.Exit(2) from None
     found = _run(run_replay(settings, gateway, pipeline=pipeline, selection=selection))
     typer.echo(f"replay through {pipeline} against live")
     for line in _lines(found):

@@ -303,3 +303,18 @@ async def test_a_run_spends_its_own_budget_never_the_live_pipelines(
     # The run's spend is counted, against a budget of the same size of its own.
     runs = await BudgetLedger(redis, prefix=f"{redis_prefix}:reruns").status("triage", budget)
     assert runs.spend.tokens > 0
+
+
+async def test_a_report_that_cannot_be_written_is_refused_before_any_call(
+    env: dict[str, str],
+    sessions: async_sessionmaker[AsyncSession],
+    fake_claude: FakeAnthropicServer,
+    tmp_path: Path,
+) -> None:
+    # Found only once every call was paid for, it crashed the run and lost its figures.
+    await _seed(sessions)
+    missing = tmp_path / "no-such-dir" / "replay.md"
+    result = await _invoke(env, "replay", "--pipeline", "triage", "--report", str(missing))
+    assert result.exit_code == 2, result.output
+    assert "cannot write the report" in result.output
+    assert fake_claude.behaviour.requests == []
