@@ -62,6 +62,8 @@ CASE_SCHEMA: dict[str, Any] = {
                         "type": "object",
                         "minProperties": 1,
                         "propertyNames": {"pattern": r"^(tool|no_tool|group_id|input\..+)$"},
+                        # no_tool alone: beside it, an expectation of a call was ignored.
+                        "dependentSchemas": {"no_tool": {"maxProperties": 1}},
                         "properties": {
                             "tool": {"type": "string"},
                             "no_tool": {"const": True},

@@ -50,6 +50,11 @@ CASE = "cases: [{name: x, source: alerts, payload: %s, expect: %s}]"
             CASE % ("{status: firing}", "{tool: publishAlert, input.severity: {in: 5}}"),
             "is not of type 'array'",
         ),
+        # no_tool beside an expectation of a call: the other was ignored, the case passed.
+        (
+            CASE % ("{status: firing}", "{no_tool: true, tool: publishAlert}"),
+            "has too many properties",
+        ),
         # Not YAML at all.
         ("cases: [", "expected"),
         # A payload no webhook could carry (orjson's 64-bit integers).
