@@ -29,6 +29,7 @@ from app.redaction import redact_to_json
 from app.roles import _claude_clients
 from app.settings import Settings
 from app.store.db import create_engine, session_factory
+from app.store.migrate import upgrade_head
 from app.store.models import CallPurpose, EventRow, LlmCallRow, LlmCallStatus
 
 # Where the runs' daily budgets are counted (beside the live ones, under the same prefix).
@@ -55,6 +56,8 @@ async def rerunner(
         clients = await _claude_clients(settings, config, stack)
         if not clients:
             raise RerunRefused("no Claude configured: set ANTHROPIC_API_KEY")
+        if settings.auto_migrate:  # as the serving roles do: a new database has no audit table
+            await asyncio.to_thread(upgrade_head, settings.database_url)
         engine = create_engine(settings.database_url, pool_size=settings.database_pool_size)
         stack.push_async_callback(engine.dispose)
         redis = connect_redis(settings.redis_url)

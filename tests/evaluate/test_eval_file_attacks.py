@@ -133,3 +133,17 @@ async def test_yaml_dates_in_a_case_are_the_json_text_a_webhook_would_carry(
     assert failure.endswith(', expected "2026-12-01"')
     prompt = fake_claude.behaviour.requests[0]["messages"][0]["content"]
     assert '{"since":"2026-12-01"}' in prompt
+
+
+async def test_eval_on_a_fresh_checkout_migrates_its_database_as_serve_does(
+    env: dict[str, str], fake_claude: FakeAnthropicServer, tmp_path: Path
+) -> None:
+    # The example's CI gate with the default settings: a new SQLite file and
+    # EVENTGATE_AUTO_MIGRATE on. It crashed on the missing audit table (exit 1, a failed gate).
+    fresh = {key: value for key, value in env.items() if key != "EVENTGATE_AUTO_MIGRATE"}
+    fresh["EVENTGATE_DATABASE_URL"] = f"sqlite+aiosqlite:///{tmp_path / 'new.db'}"
+    cases = tmp_path / "cases.yaml"
+    cases.write_text(CASE % ("{status: firing}", "{tool: publishAlert}"))
+    result, found = await _eval(fresh, cases, "--json")
+    assert result.exit_code == 0, result.output
+    assert found["passed"] is True
