@@ -34,6 +34,8 @@ from app.store.models import CallPurpose, EventRow, LlmCallRow, LlmCallStatus
 
 # Where the runs' daily budgets are counted (beside the live ones, under the same prefix).
 RERUN_BUDGETS = "reruns"
+# The share of every shared rate limit a run leaves to live events (it never delays them).
+LIVE_RATE_RESERVE = 0.5
 
 
 class RerunRefused(Exception):
@@ -73,6 +75,7 @@ async def rerunner(
             # Each pipeline's daily budget again, counted apart: a run spending the live
             # one would make live events wait a day or be dead-lettered.
             budget_prefix=f"{settings.redis_prefix}:{RERUN_BUDGETS}",
+            rate_reserve=LIVE_RATE_RESERVE,
         )
         runner = Rerunner(
             processor, purpose=purpose, deadline_seconds=settings.rerun_deadline_seconds

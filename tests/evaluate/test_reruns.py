@@ -20,6 +20,7 @@ from typer.testing import CliRunner, Result
 from app.cli import app
 from app.config import parse_config
 from app.llm.budget import BudgetLedger
+from app.llm.ratelimit import ModelLimits, RateLimiter
 from app.store.db import create_engine, session_factory
 from app.store.migrate import upgrade_head
 from app.store.models import EventRow, LlmCallRow, OutboxRow
@@ -318,3 +319,30 @@ async def test_a_report_that_cannot_be_written_is_refused_before_any_call(
     assert result.exit_code == 2, result.output
     assert "cannot write the report" in result.output
     assert fake_claude.behaviour.requests == []
+
+
+async def test_a_run_leaves_half_of_every_rate_limit_to_live_events(
+    env: dict[str, str],
+    sessions: async_sessionmaker[AsyncSession],
+    fake_claude: FakeAnthropicServer,
+    redis: Redis,
+    redis_prefix: str,
+) -> None:
+    # Six requests a minute, shared with the live workers: a consistency run of eight calls
+    # took all six, and live events waited for the bucket to refill.
+    await _seed(sessions)
+    limited = env | {
+        "EVENTGATE_LLM_REQUESTS_PER_MINUTE": "6",
+        "EVENTGATE_RERUN_DEADLINE_SECONDS": "2",
+    }
+    result = await _invoke(
+        limited, "consistency", "--pipeline", "triage", "--events", "2", "--runs", "4", "--json"
+    )
+    assert result.exit_code == 1, result.output  # the run's calls past its share: errors
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    # Three calls from the bucket of six (and one more only if it refilled meanwhile).
+    made = len(fake_claude.behaviour.requests)
+    assert made in (3, 4) and len(found["errors"]) == 8 - made
+    limiter = RateLimiter(redis, prefix=redis_prefix, limits=lambda _: ModelLimits(requests=6))
+    room = await limiter.headroom("claude-sonnet-4-6")
+    assert room.requests is not None and room.requests >= 3
