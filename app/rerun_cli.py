@@ -1,7 +1,8 @@
 """``eventgate replay``, ``eventgate consistency`` and ``eventgate eval``: events decided again,
 nothing published (``app/reruns.py``). Each prints the figures, and with ``--json`` one JSON
 object as the last line of stdout. Replay and consistency exit 0 once they ran, whatever the
-agreement; eval exits 1 when a case's pass rate is below ``--min-pass``; 2 is a usage error."""
+agreement, and 1 when an event got no decision (each is an ``error:`` line, and in
+``errors``); eval exits 1 when a case's pass rate is below ``--min-pass``; 2 is a usage error."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+import yaml
 
 from app.config import ConfigError, GatewayConfig, load_config
 from app.config_yaml import UnsafeYaml, read_yaml
@@ -41,10 +43,11 @@ def _when(text: str | None, option: str) -> datetime | None:
         return None
     try:
         value = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
+        # In UTC: SQLite compares the stored text, which drops an offset without applying it.
+        return value.astimezone(UTC) if value.tzinfo else value.replace(tzinfo=UTC)
+    except (ValueError, OverflowError):
         typer.echo(f"{option}: not an ISO 8601 time: {text!r}", err=True)
         raise typer.Exit(2) from None
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
 def _setup(config: Path | None) -> tuple[Settings, GatewayConfig]:
@@ -124,6 +127,12 @@ def replay(
     decided live: agreement, cost of each side, the disagreements."""
     settings, gateway = _setup(config)
     selection = Selection(_when(since, "--since"), _when(until, "--until"), source, limit)
+    if report is not None:
+        try:
+            report.touch()  # before the calls are paid for, not after
+        except OSError as exc:
+            typer.echo(f"--report: cannot write the report: {exc}", err=True)
+            raise typer.Exit(2) from None
     found = _run(run_replay(settings, gateway, pipeline=pipeline, selection=selection))
     typer.echo(f"replay through {pipeline} against live")
     for line in _lines(found):
@@ -133,6 +142,8 @@ def replay(
         typer.echo(f"report: {report}")
     if as_json:
         typer.echo(json.dumps(found, sort_keys=True))
+    if found["errors"]:
+        raise typer.Exit(1)
 
 
 def consistency(
@@ -158,6 +169,8 @@ def consistency(
     typer.echo(f"tokens: {json.dumps(found['tokens'])}")
     if as_json:
         typer.echo(json.dumps(found, sort_keys=True))
+    if found["errors"]:
+        raise typer.Exit(1)
 
 
 def eval_cases(
@@ -178,7 +191,7 @@ def eval_cases(
     try:
         document = read_yaml(file.read_text())
         cases = parse_cases(document, gateway, pipeline=pipeline)
-    except (OSError, UnsafeYaml, EvalFileError, ValueError) as exc:
+    except (OSError, UnsafeYaml, yaml.YAMLError, EvalFileError, ValueError) as exc:
         typer.echo(f"{file}: {exc}", err=True)
         raise typer.Exit(2) from None
     found = _run(run_evaluate(settings, gateway, cases=cases, runs=runs, min_pass=min_pass))

@@ -24,11 +24,17 @@ from app.evaluate.evals import Case, failures
 from app.evaluate.rerun import Rerun, Rerunner, event_of, live_decision, stored_events
 from app.events import Event, make_event
 from app.llm.health import LlmHealth
+from app.llm.ratelimit import LIVE_RATE_RESERVE
 from app.queue.connection import open_redis
+from app.redaction import redact_to_json
 from app.roles import _claude_clients
 from app.settings import Settings
 from app.store.db import create_engine, session_factory
+from app.store.migrate import upgrade_head
 from app.store.models import CallPurpose, EventRow, LlmCallRow, LlmCallStatus
+
+# Where the runs' daily budgets are counted (beside the live ones, under the same prefix).
+RERUN_BUDGETS = "reruns"
 
 
 class RerunRefused(Exception):
@@ -51,6 +57,8 @@ async def rerunner(
         clients = await _claude_clients(settings, config, stack)
         if not clients:
             raise RerunRefused("no Claude configured: set ANTHROPIC_API_KEY")
+        if settings.auto_migrate:  # as the serving roles do: a new database has no audit table
+            await asyncio.to_thread(upgrade_head, settings.database_url)
         engine = create_engine(settings.database_url, pool_size=settings.database_pool_size)
         stack.push_async_callback(engine.dispose)
         redis = await open_redis(settings.redis_url, cluster=settings.redis_cluster)
@@ -63,8 +71,15 @@ async def rerunner(
             clients=clients,
             health=LlmHealth(),
             on_stored=lambda: None,
+            # Each pipeline's daily budget again, counted apart: a run spending the live
+            # one would make live events wait a day or be dead-lettered.
+            budget_prefix=f"{settings.redis_prefix}:{RERUN_BUDGETS}",
+            rate_reserve=LIVE_RATE_RESERVE,
         )
-        yield Rerunner(processor, purpose=purpose), session_factory(engine)
+        runner = Rerunner(
+            processor, purpose=purpose, deadline_seconds=settings.rerun_deadline_seconds
+        )
+        yield runner, session_factory(engine)
 
 
 async def _decide_all(
@@ -95,17 +110,24 @@ def _check_pipeline(config: GatewayConfig, pipeline: str) -> None:
         raise RerunRefused(f"no pipeline {pipeline!r} in the config (configured: {known})")
 
 
+# Event ids per statement: PostgreSQL (asyncpg) and SQLite bind at most 32,767 parameters.
+_IDS_PER_QUERY = 10_000
+
+
 async def _live_costs(session: AsyncSession, event_ids: list[str]) -> tuple[float, list[float]]:
-    if not event_ids:
-        return 0.0, []
-    live = (LlmCallRow.event_id.in_(event_ids), LlmCallRow.purpose == CallPurpose.LIVE)
-    cost = await session.scalar(
-        select(func.coalesce(func.sum(LlmCallRow.cost_usd), 0)).where(*live)
-    )
-    latencies = await session.scalars(
-        select(LlmCallRow.latency_ms).where(*live, LlmCallRow.status == LlmCallStatus.OK)
-    )
-    return float(cost or 0), [float(v) for v in latencies]
+    total, latencies = 0.0, []
+    for start in range(0, len(event_ids), _IDS_PER_QUERY):
+        chunk = event_ids[start : start + _IDS_PER_QUERY]
+        live = (LlmCallRow.event_id.in_(chunk), LlmCallRow.purpose == CallPurpose.LIVE)
+        cost = await session.scalar(
+            select(func.coalesce(func.sum(LlmCallRow.cost_usd), 0)).where(*live)
+        )
+        found = await session.scalars(
+            select(LlmCallRow.latency_ms).where(*live, LlmCallRow.status == LlmCallStatus.OK)
+        )
+        total += float(cost or 0)
+        latencies += [float(v) for v in found]
+    return total, latencies
 
 
 async def replay(
@@ -203,8 +225,15 @@ async def evaluate(
         keys: list[str] = []
         async with sessions() as session:
             for case in cases:
-                event = await _case_event(session, case, config)
+                event = await _case_event(
+                    session, case, config, redact=settings.payload_redaction == "on"
+                )
                 pipeline = case.pipeline or event.pipeline
+                if pipeline not in config.pipelines:  # a stored event's, since removed
+                    raise RerunRefused(
+                        f"case {case.name!r}: no pipeline {pipeline!r} in the config "
+                        "(give the case or the run a --pipeline)"
+                    )
                 work += [(event, pipeline)] * runs
                 keys.append(event.group_key)
         reruns = await _decide_all(runner, work, limit=settings.llm_max_concurrency)
@@ -251,7 +280,11 @@ async def evaluate(
     }
 
 
-async def _case_event(session: AsyncSession, case: Case, config: GatewayConfig) -> Event:
+async def _case_event(
+    session: AsyncSession, case: Case, config: GatewayConfig, *, redact: bool
+) -> Event:
+    """A stored event as it was stored, or a case's payload as ingest would have made it
+    (redacted unless ``EVENTGATE_PAYLOAD_REDACTION=off``): the file may hold real secrets."""
     if case.event_id is not None:
         row = await session.get(EventRow, case.event_id)
         if row is None:
@@ -268,5 +301,5 @@ async def _case_event(session: AsyncSession, case: Case, config: GatewayConfig) 
         delivery_id=case.synthetic_id,
         pipeline=case.pipeline or source.pipeline,
         received_at=datetime.now(UTC),
-        payload=case.payload,
+        payload=redact_to_json(case.payload)[0] if redact else case.payload,
     )

@@ -50,7 +50,7 @@ from app.llm.breaker import CircuitBreaker
 from app.llm.budget import BudgetLedger
 from app.llm.client import ClaudeClient
 from app.llm.health import LlmHealth
-from app.llm.ratelimit import RateLimiter
+from app.llm.ratelimit import LIVE_RATE_RESERVE, RateLimiter
 from app.observability.health import Health, succeeds
 from app.observability.logging import configure_logging
 from app.publish.coordination import PublishedMemory, RelayLease
@@ -298,6 +298,9 @@ def _build_shadow(
         clients=clients,
         health=LlmHealth(),
         on_stored=lambda: None,
+        # A candidate's pipeline has its own budget; of every shared rate limit it leaves
+        # half to live events.
+        rate_reserve=LIVE_RATE_RESERVE,
     )
     runner = ShadowRunner(
         config=config,

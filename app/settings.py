@@ -96,6 +96,10 @@ class Settings(BaseSettings):
     llm_breaker_consecutive_failures: int = Field(default=5, ge=1)
     llm_audit_text: str = Field(default="redacted", pattern="^(full|redacted|none)$")
     llm_budget_poll_seconds: float = Field(default=30.0, gt=0)
+    # Replay, consistency and eval: the longest one event may take (waits for the breaker,
+    # the rate limiter and retries included) before the run reports it as an error. The live
+    # path waits out an outage; a run must end.
+    rerun_deadline_seconds: float = Field(default=600.0, gt=0)
     llm_bedrock_region: str | None = None
 
     # Ingest hot path (benchmarks): commit concurrent requests' dedup + enqueue in one

@@ -21,7 +21,7 @@ from app.llm.caller import GuardedCaller, RetryPolicy
 from app.llm.client import ClaudeClient
 from app.llm.health import LlmHealth
 from app.llm.pricing import PriceTable
-from app.llm.ratelimit import ModelLimits, RateLimiter
+from app.llm.ratelimit import ModelLimits, RateLimiter, YieldingRateLimiter
 from app.settings import Settings
 from app.store.db import session_factory
 
@@ -85,19 +85,29 @@ def build_processor(
     clients: Mapping[str, ClaudeClient],
     health: LlmHealth,
     on_stored: Callable[[], None],
+    budget_prefix: str | None = None,
+    rate_reserve: float = 0.0,
 ) -> EventProcessor:
     """The decide stage over Claude through ``clients`` (by provider), with the limiter,
-    breaker and budgets shared in ``redis`` and the audit log and outbox in ``engine``."""
+    breaker and budgets shared in ``redis`` and the audit log and outbox in ``engine``.
+    For runs that publish nothing: ``budget_prefix`` counts the daily budgets apart, and
+    ``rate_reserve`` leaves that share of every rate limit to live events."""
     prefix = settings.redis_prefix
+    limits = model_limits(settings, config)
+    limiter = (
+        YieldingRateLimiter(redis, reserve=rate_reserve, prefix=prefix, limits=limits)
+        if rate_reserve > 0
+        else RateLimiter(redis, prefix=prefix, limits=limits)
+    )
     prices = PriceTable.from_config(config)
     audit = AuditRecorder(prices=prices, text_mode=cast(TextMode, settings.llm_audit_text))
     trail = AuditTrail(engine=engine, recorder=audit)
     caller = GuardedCaller(
         config=config,
         clients=clients,
-        limiter=RateLimiter(redis, prefix=prefix, limits=model_limits(settings, config)),
+        limiter=limiter,
         breaker=CircuitBreaker(redis, prefix=prefix, policy=breaker_policy(settings)),
-        budgets=BudgetLedger(redis, prefix=prefix),
+        budgets=BudgetLedger(redis, prefix=budget_prefix or prefix),
         health=health,
         prices=prices,
         slots=asyncio.Semaphore(settings.llm_max_concurrency),

@@ -37,16 +37,30 @@ class Decision:
 
 
 def canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    """The JSON text two equal JSON values share: keys sorted, and a whole float written as
+    the integer it is (JSON has one number type: 5 and 5.0 are one value)."""
+    return json.dumps(
+        _whole_numbers(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False
+    )
+
+
+def _whole_numbers(value: Any) -> Any:
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, Mapping):
+        return {key: _whole_numbers(inner) for key, inner in value.items()}
+    if isinstance(value, list | tuple):
+        return [_whole_numbers(inner) for inner in value]
+    return value
 
 
 def same(a: Any, b: Any) -> bool:
-    """Equal as JSON values: 1 and 1.0 are, True and 1 are not."""
+    """Equal as JSON values: 1 and 1.0 are (nested too), True and 1 are not."""
     numbers = (int, float)
     if isinstance(a, bool) or isinstance(b, bool):
         return a is b
     if isinstance(a, numbers) and isinstance(b, numbers):
-        return a == b
+        return a == b or (a != a and b != b)  # NaN: as the JSON text says, one value
     return a is b or (a is not _MISSING and b is not _MISSING and canonical(a) == canonical(b))
 
 

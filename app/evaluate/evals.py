@@ -34,6 +34,7 @@ from jsonschema import Draft202012Validator
 from app.config import GatewayConfig
 from app.evaluate.agreement import Decision, same
 from app.publish.ids import resolve_group_id
+from app.redaction import NestingTooDeep, payload_to_json
 
 CASE_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -61,10 +62,20 @@ CASE_SCHEMA: dict[str, Any] = {
                         "type": "object",
                         "minProperties": 1,
                         "propertyNames": {"pattern": r"^(tool|no_tool|group_id|input\..+)$"},
+                        # no_tool alone: beside it, an expectation of a call was ignored.
+                        "dependentSchemas": {"no_tool": {"maxProperties": 1}},
                         "properties": {
                             "tool": {"type": "string"},
                             "no_tool": {"const": True},
                             "group_id": {"type": "string"},
+                        },
+                        # A value, or {in: [...]}: an ``in`` that is no list is refused (a
+                        # string would be read as its characters).
+                        "patternProperties": {
+                            r"^input\.": {
+                                "if": {"type": "object", "required": ["in"]},
+                                "then": {"properties": {"in": {"type": "array"}}},
+                            }
                         },
                     },
                 },
@@ -111,6 +122,13 @@ def parse_cases(document: Any, config: GatewayConfig, *, pipeline: str | None) -
     default = pipeline or document.get("pipeline")
     cases = []
     for item in document["cases"]:
+        try:
+            # As JSON, which is what a webhook carries and a tool input holds: a YAML date is
+            # its ISO text; refused past MAX_DEPTH levels, an integer past 64 bits, a key that
+            # is not a string.
+            payload, expect = orjson.loads(payload_to_json([item.get("payload"), item["expect"]]))
+        except (NestingTooDeep, TypeError) as exc:
+            raise EvalFileError(f"case {item['name']!r}: payload or expect: {exc}") from None
         chosen = pipeline or item.get("pipeline") or default
         source = item.get("source")
         if source is not None and source not in config.sources:
@@ -122,12 +140,12 @@ def parse_cases(document: Any, config: GatewayConfig, *, pipeline: str | None) -
         cases.append(
             Case(
                 name=item["name"],
-                expect=item["expect"],
+                expect=expect,
                 pipeline=chosen,
                 source=source,
                 type=item.get("type", "eval"),
                 group_key=item.get("group_key", "eval"),
-                payload=item.get("payload"),
+                payload=payload,
                 event_id=item.get("event_id"),
             )
         )

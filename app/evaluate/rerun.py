@@ -13,6 +13,7 @@ the accepted calls, in order, with the inputs as filtered for publishing.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -47,21 +48,32 @@ class Rerun:
 
 
 class Rerunner:
-    def __init__(self, processor: EventProcessor, *, purpose: str) -> None:
+    def __init__(
+        self, processor: EventProcessor, *, purpose: str, deadline_seconds: float = 600.0
+    ) -> None:
         assert purpose != CallPurpose.LIVE, "a rerun never decides live"
         self.processor = processor
         self.purpose = purpose
+        # The guarded caller waits out an open breaker and retries for the live deadline:
+        # a run gives each event this long, then reports it (the run must end).
+        self.deadline_seconds = deadline_seconds
 
     async def decide(self, event: Event, pipeline: str) -> Rerun:
         candidate = event.model_copy(update={"pipeline": pipeline})
         trail = self.processor.trail
         record = trail.of(candidate, purpose=self.purpose)
         try:
-            result, check = await self.processor.ask(
-                candidate, record=record, fence=None, first_attempt=1
-            )
+            async with asyncio.timeout(self.deadline_seconds) as deadline:
+                result, check = await self.processor.ask(
+                    candidate, record=record, fence=None, first_attempt=1
+                )
         except CallAbandoned as exc:
             return Rerun(event.id, pipeline, None, error=str(exc))
+        except TimeoutError:
+            if not deadline.expired():
+                raise
+            error = f"no decision within {self.deadline_seconds:g}s (Claude failing or waited on)"
+            return Rerun(event.id, pipeline, None, error=error)
         reply, problems = result.reply, check.problems()
         accepted = [] if problems or reply.stop_reason in NO_PUBLISH_STOPS else check.accepted
         outcome = trail.recorder.reply_outcome(

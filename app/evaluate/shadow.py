@@ -14,7 +14,8 @@ Invariants:
 - Its calls go through a guarded caller of their own (so they never take the live calls'
   concurrency slots), under the same rate limits, breaker and budgets in Redis as live
   calls; each candidate has its own concurrency (its pipeline's ``max_concurrency``, else
-  ``DEFAULT_CONCURRENCY``) and budget (its pipeline's), and starts only while no live call
+  ``DEFAULT_CONCURRENCY``) and budget (its pipeline's), takes from a shared rate limit only
+  while half of it stays free for live calls, and starts only while no live call
   of this process waits for the rate limit and its event loop is not running late (the
   process has room): live calls have priority.
 - The sample is chosen by event id, so every process shadows the same events; at most

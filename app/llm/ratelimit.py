@@ -242,3 +242,50 @@ def _reset_at(value: str | None) -> float | None:
         return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
     except ValueError:
         return None
+
+
+# The share of every shared rate limit that runs publishing nothing (shadow candidates,
+# replay, consistency, eval) leave to live events.
+LIVE_RATE_RESERVE = 0.5
+
+
+class YieldingRateLimiter(RateLimiter):
+    """The limiter of runs that publish nothing (replay, consistency, eval): they take from
+    the same shared buckets, but only while each bucket keeps ``reserve`` of its capacity
+    afterwards, so live events always find that share of every limit free (a run never
+    drains a bucket they need). Live callers still use the whole bucket."""
+
+    def __init__(self, redis: Redis, *, reserve: float, **options: Any) -> None:
+        super().__init__(redis, **options)
+        self.reserve = reserve
+        # The check and the take are two round trips: one caller of the run at a time
+        # between them, or concurrent callers all see the same headroom and all take.
+        self._turn = asyncio.Lock()
+
+    async def acquire(self, model: str, *, input_tokens: int, output_tokens: int) -> Reservation:
+        costs = (1, input_tokens, output_tokens)
+        async with self._turn:
+            while (wait := self._short_of_reserve(await self.headroom(model), costs)) > 0:
+                LLM_RATE_WAIT.labels(model=model).inc(wait)
+                await self.sleep(min(wait, self.max_hold))
+            return await super().acquire(
+                model, input_tokens=input_tokens, output_tokens=output_tokens
+            )
+
+    def _short_of_reserve(self, room: Headroom, costs: tuple[int, int, int]) -> float:
+        """Seconds until every capped bucket holds its cost above the reserve (0: now)."""
+        lim = room.limits
+        wait = 0.0
+        for cap, level, cost in zip(
+            (lim.requests, lim.input_tokens, lim.output_tokens),
+            (room.requests, room.input_tokens, room.output_tokens),
+            costs,
+            strict=True,
+        ):
+            if cap <= 0 or level is None:
+                continue
+            keep = self.reserve * cap
+            need = keep + min(cost, cap - keep) - level
+            if need > 0:
+                wait = max(wait, need / (cap / 60.0))
+        return wait

@@ -126,3 +126,21 @@ def test_disagreements_listed_are_bounded() -> None:
         found.add(f"e{n}", Decision((alert("high"),)), Decision(()))
     assert len(found.summary()["disagreements"]) == 2
     assert found.summary()["exact_agreement"] == 0.0
+
+
+def test_exact_agreement_and_nested_values_use_the_same_json_equality_as_fields() -> None:
+    # JSON has one number type: 5 and 5.0 agree inside objects and lists, and exactly, as they
+    # do field by field; true and 1 still do not, and NaN is the same value on both sides.
+    assert same([1], [1.0]) and same({"a": {"b": 2}}, {"a": {"b": 2.0}})
+    assert not same([True], [1]) and not same({"a": False}, {"a": 0})
+    assert same(float("nan"), float("nan"))
+    found = agreement(
+        [
+            ("e1", Decision((alert("high", score=5),)), Decision((alert("high", score=5.0),))),
+            ("e2", Decision((alert("high", page=True),)), Decision((alert("high", page=1),))),
+        ],
+        SCHEMAS,
+    )
+    assert found["exact_agreement"] == 0.5
+    assert found["fields"]["publishAlert.score"] == 1.0
+    assert found["fields"]["publishAlert.page"] == 0.0

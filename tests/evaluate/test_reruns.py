@@ -5,17 +5,24 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
+from redis.asyncio import Redis
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from typer.testing import CliRunner, Result
 
 from app.cli import app
+from app.config import parse_config
+from app.llm.budget import BudgetLedger
+from app.llm.ratelimit import ModelLimits, RateLimiter
+from app.store.db import create_engine, session_factory
+from app.store.migrate import upgrade_head
 from app.store.models import EventRow, LlmCallRow, OutboxRow
 from app.store.repository import LlmCallRepository
 from eventgate_dev.fake_anthropic import FakeAnthropicServer, Persona
@@ -205,3 +212,137 @@ async def test_an_unknown_pipeline_is_refused(
     assert "no pipeline 'nope'" in result.output and "triage-v2" in result.output
     bad = await _invoke(env, "replay", "--pipeline", "triage", "--since", "yesterday")
     assert bad.exit_code == 2 and "not an ISO 8601 time" in bad.output
+
+
+async def test_since_with_an_offset_is_the_same_instant_on_sqlite(
+    env: dict[str, str], fake_claude: FakeAnthropicServer, tmp_path: Path
+) -> None:
+    # SQLite keeps times as text without their offset: 14:01+02:00 must be read as 12:01 UTC.
+    url = f"sqlite+aiosqlite:///{tmp_path / 'offsets.db'}"
+    await asyncio.to_thread(upgrade_head, url)
+    engine = create_engine(url)
+    try:
+        await _seed(session_factory(engine))
+    finally:
+        await engine.dispose()
+    result = await _invoke(
+        env | {"EVENTGATE_DATABASE_URL": url},
+        "replay",
+        "--pipeline",
+        "triage",
+        "--since",
+        "2026-11-30T14:01:00+02:00",
+        "--until",
+        "2026-11-30T07:02:00-05:00",
+        "--json",
+    )
+    found = _last_json(result)
+    assert found["events"] == 1  # evt_1 only, as on PostgreSQL
+
+
+async def test_a_run_ends_with_its_errors_while_claude_is_down(
+    env: dict[str, str],
+    sessions: async_sessionmaker[AsyncSession],
+    fake_claude: FakeAnthropicServer,
+    tmp_path: Path,
+) -> None:
+    # Every call a 500: the live path waits out the outage (breaker, a two-hour deadline);
+    # a run must end, each event's error said, and eval must fail its gate.
+    await _seed(sessions)
+    fake_claude.behaviour.down_until = time.monotonic() + 3600
+    fake_claude.behaviour.down_status = 500
+    fast = env | {
+        "EVENTGATE_RERUN_DEADLINE_SECONDS": "2",
+        "EVENTGATE_LLM_RETRY_BASE_SECONDS": "0.05",
+        "EVENTGATE_LLM_RETRY_CAP_SECONDS": "0.2",
+    }
+    started = time.monotonic()
+    ended = await _invoke(fast, "replay", "--pipeline", "triage", "--json")
+    assert time.monotonic() - started < 30
+    # Figures and errors printed, and exit 1: a run that decided nothing did not run.
+    assert ended.exit_code == 1, ended.output
+    found = json.loads(ended.stdout.strip().splitlines()[-1])
+    assert found["pairs"] == 0
+    assert sorted(e["event_id"] for e in found["errors"]) == ["evt_0", "evt_1", "evt_2"]
+    assert "no decision within 2s" in found["errors"][0]["error"]
+    ended = await _invoke(
+        fast, "consistency", "--pipeline", "triage", "--events", "1", "--runs", "2"
+    )
+    assert ended.exit_code == 1 and "error: evt_0: no decision within 2s" in ended.stdout
+    cases = tmp_path / "cases.yaml"
+    cases.write_text("cases: [{name: x, source: github, payload: {}, expect: {no_tool: true}}]")
+    result = await _invoke(fast, "eval", str(cases))
+    assert result.exit_code == 1 and "no decision within 2s" in result.stdout
+
+
+async def test_a_run_spends_its_own_budget_never_the_live_pipelines(
+    env: dict[str, str],
+    sessions: async_sessionmaker[AsyncSession],
+    fake_claude: FakeAnthropicServer,
+    redis: Redis,
+    redis_prefix: str,
+    tmp_path: Path,
+) -> None:
+    # A live pipeline that dead-letters its events once its day's budget is spent: a replay
+    # or eval through it must not spend that budget (the day's live alerts would be lost).
+    config = Path(env["EVENTGATE_CONFIG"])
+    config.write_text(
+        CONFIG.replace(
+            "    tools: [publishAlert]\n  triage-v2:",
+            "    tools: [publishAlert]\n"
+            "    budget: {daily_tokens: 1000000, on_exhausted: dead_letter}\n"
+            "  triage-v2:",
+        )
+    )
+    await _seed(sessions)
+    found = _last_json(await _invoke(env, "replay", "--pipeline", "triage", "--json"))
+    assert found["pairs"] == 3 and found["errors"] == []
+    budget = parse_config(config.read_text()).pipelines["triage"].budget
+    assert budget is not None
+    live = await BudgetLedger(redis, prefix=redis_prefix).status("triage", budget)
+    assert live.spend.tokens == 0
+    # The run's spend is counted, against a budget of the same size of its own.
+    runs = await BudgetLedger(redis, prefix=f"{redis_prefix}:reruns").status("triage", budget)
+    assert runs.spend.tokens > 0
+
+
+async def test_a_report_that_cannot_be_written_is_refused_before_any_call(
+    env: dict[str, str],
+    sessions: async_sessionmaker[AsyncSession],
+    fake_claude: FakeAnthropicServer,
+    tmp_path: Path,
+) -> None:
+    # Found only once every call was paid for, it crashed the run and lost its figures.
+    await _seed(sessions)
+    missing = tmp_path / "no-such-dir" / "replay.md"
+    result = await _invoke(env, "replay", "--pipeline", "triage", "--report", str(missing))
+    assert result.exit_code == 2, result.output
+    assert "cannot write the report" in result.output
+    assert fake_claude.behaviour.requests == []
+
+
+async def test_a_run_leaves_half_of_every_rate_limit_to_live_events(
+    env: dict[str, str],
+    sessions: async_sessionmaker[AsyncSession],
+    fake_claude: FakeAnthropicServer,
+    redis: Redis,
+    redis_prefix: str,
+) -> None:
+    # Six requests a minute, shared with the live workers: a consistency run of eight calls
+    # took all six, and live events waited for the bucket to refill.
+    await _seed(sessions)
+    limited = env | {
+        "EVENTGATE_LLM_REQUESTS_PER_MINUTE": "6",
+        "EVENTGATE_RERUN_DEADLINE_SECONDS": "2",
+    }
+    result = await _invoke(
+        limited, "consistency", "--pipeline", "triage", "--events", "2", "--runs", "4", "--json"
+    )
+    assert result.exit_code == 1, result.output  # the run's calls past its share: errors
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    # Three calls from the bucket of six (and one more only if it refilled meanwhile).
+    made = len(fake_claude.behaviour.requests)
+    assert made in (3, 4) and len(found["errors"]) == 8 - made
+    limiter = RateLimiter(redis, prefix=redis_prefix, limits=lambda _: ModelLimits(requests=6))
+    room = await limiter.headroom("claude-sonnet-4-6")
+    assert room.requests is not None and room.requests >= 3

@@ -189,3 +189,29 @@ async def test_an_acknowledgement_that_cannot_be_given_is_refused_at_start(
     with pytest.raises(AckUnsupported, match=why):
         async with app.router.lifespan_context(app):
             pass
+
+
+def test_the_round_trip_sent_again_after_noscript_is_still_acknowledged_or_refused(
+    pair: ReplicatedRedis, gateway: ServerThread
+) -> None:
+    # The script cache lost (SCRIPT FLUSH): the enqueue is sent again with its own WAIT, on
+    # its own connection, and a replica that acknowledges nothing still gets a 503.
+    first = github_request(SECRET, issue_payload("acme/api", 3))
+    assert httpx.post(f"{gateway.url}/v1/webhooks/github", content=first[0], headers=first[1])
+    pair.wait_in_sync()
+    with Redis(port=pair.primary_port) as client:
+        client.script_flush()
+    pair.freeze_replica()
+    waits = _waits(pair)
+    request = github_request(SECRET, issue_payload("acme/api", 4))
+
+    refused = httpx.post(
+        f"{gateway.url}/v1/webhooks/github", content=request[0], headers=request[1]
+    )
+
+    assert refused.status_code == 503, refused.text
+    assert "0 of 1 replicas" in refused.json()["detail"]
+    assert _waits(pair) == waits + 2  # one WAIT per round trip
+    pair.thaw_replica()
+    pair.wait_in_sync()
+    assert len(_queued(pair.replica_port)) == 2  # queued once, and now replicated
