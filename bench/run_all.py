@@ -1,7 +1,8 @@
 """``make bench``: every benchmark in turn; each prints its figures and appends them to
 docs/benchmarks.md. A benchmark whose service or tool is missing is skipped with the reason.
 
-    python -m bench.run_all [ingest pipeline overhead claude_client prompt_size chaos]
+    python -m bench.run_all [ingest pipeline overhead claude_client prompt_size chaos
+                             relay_scale]
 """
 
 from __future__ import annotations
@@ -13,7 +14,15 @@ import traceback
 
 from bench.common import Skip
 
-BENCHMARKS = ["ingest", "pipeline", "overhead", "claude_client", "prompt_size", "chaos"]
+BENCHMARKS = [
+    "ingest",
+    "pipeline",
+    "overhead",
+    "claude_client",
+    "prompt_size",
+    "chaos",
+    "relay_scale",
+]
 
 
 def main() -> int:
