@@ -63,7 +63,9 @@ class Received:
 
     by_port: dict[int, int] = field(default_factory=dict)
     groups: dict[str, list[int]] = field(default_factory=dict)
-    dedup_ids: set[str] = field(default_factory=set)
+    dedup_ids: dict[str, int] = field(default_factory=dict)  # → the port that sent it first
+    # (port of the first send, port of the second): the same port is one relay sending again
+    second_sends: dict[tuple[int, int], int] = field(default_factory=dict)
     duplicates: int = 0
     calls: int = 0
     last_at: float = 0.0
@@ -74,10 +76,13 @@ class Received:
             self.calls += 1
             self.by_port[port] = self.by_port.get(port, 0) + len(entries)
             for entry in entries:
-                if entry["MessageDeduplicationId"] in self.dedup_ids:
+                first = self.dedup_ids.get(entry["MessageDeduplicationId"])
+                if first is not None:
                     self.duplicates += 1
+                    pair = (first, port)
+                    self.second_sends[pair] = self.second_sends.get(pair, 0) + 1
                     continue
-                self.dedup_ids.add(entry["MessageDeduplicationId"])
+                self.dedup_ids[entry["MessageDeduplicationId"]] = port
                 number = int(orjson.loads(entry["Message"])["event"]["id"].rsplit("_", 1)[1])
                 self.groups.setdefault(entry["MessageGroupId"], []).append(number)
             self.last_at = time.monotonic()
@@ -329,7 +334,8 @@ def main() -> None:
             last = runs[-1]
             print(
                 f"{processes} process(es): {last.rate:.0f}/s, relay warnings "
-                f"{last.warnings or 'none'}",
+                f"{last.warnings or 'none'}, second sends (first port, second port) "
+                f"{last.received.second_sends or 'none'}",
                 flush=True,
             )
     rates = {n: sorted(r.rate for r in runs if r.processes == n) for n in (1, 2)}
