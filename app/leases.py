@@ -4,7 +4,8 @@ A lease is a key whose value names its holder: taken with ``SET NX PX``, renewed
 only (compare-and-extend), given back by its holder only (compare-and-delete), and gone on
 its own ``ttl`` after the last renewal when its holder dies. Partition leases
 (``app/queue/leases.py``) and the relay lease (``app/publish/coordination.py``) both use
-these scripts. Partition keys carry the partition's hash tag (``{p7}``), so the queue's
+these scripts; the relay's shard leases (``app/publish/shards.py``) follow the same rules in
+scripts of their own. Partition keys carry the partition's hash tag (``{p7}``), so the queue's
 scripts that read a lease touch one Redis Cluster slot.
 """
 
@@ -53,3 +54,18 @@ def members_key(prefix: str) -> str:
 
 def relay_lease_key(prefix: str) -> str:
     return f"{prefix}:relay-lease"
+
+
+# The sharded relays' keys share the ``{relay}`` hash tag: their scripts touch one Cluster slot.
+def relay_members_key(prefix: str) -> str:
+    """The relay processes taking part in the shard leases, with their last heartbeat."""
+    return f"{prefix}:{{relay}}:members"
+
+
+def relay_layout_key(prefix: str) -> str:
+    """The shard count the live relays use."""
+    return f"{prefix}:{{relay}}:shards"
+
+
+def relay_shard_key(prefix: str, shard: int) -> str:
+    return f"{prefix}:{{relay}}:shard:{shard}"

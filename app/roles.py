@@ -53,8 +53,9 @@ from app.llm.health import LlmHealth
 from app.llm.ratelimit import LIVE_RATE_RESERVE, RateLimiter
 from app.observability.health import Health, succeeds
 from app.observability.logging import configure_logging
-from app.publish.coordination import PublishedMemory, RelayLease
+from app.publish.coordination import PublishedMemory
 from app.publish.relay import OutboxRelay
+from app.publish.shards import RelayShards
 from app.publish.sns import SnsPublisher
 from app.queue.acks import AckUnsupported, ReplicaAck, check_ack_support, replicas_online
 from app.queue.backlog import BacklogMonitor
@@ -271,7 +272,12 @@ async def _build_relay(shared: Shared, stack: AsyncExitStack, *, owner: str) -> 
         sessions=shared.sessions,
         reads=read_session_factory(shared.engine),
         publisher=publisher,
-        lease=RelayLease(shared.redis, prefix=settings.redis_prefix, owner=owner),
+        lease=RelayShards(
+            shared.redis,
+            prefix=settings.redis_prefix,
+            owner=owner,
+            shards=settings.relay_shards,
+        ),
         memory=PublishedMemory(
             shared.redis,
             prefix=settings.redis_prefix,

@@ -67,6 +67,9 @@ class Settings(BaseSettings):
     relay_poll_seconds: float = Field(default=1.0, gt=0)
     # PublishBatch calls in flight at once (each for different message groups).
     relay_batch_concurrency: int = Field(default=4, ge=1)
+    # Relays split the message groups into this many shards, a fair share for each live
+    # relay process (app/publish/shards.py); every process must use the same count.
+    relay_shards: int = Field(default=8, ge=1, le=256)
 
     log_format: str = Field(default="auto", pattern="^(auto|json|console)$")
     log_level: str = "info"

@@ -2,7 +2,7 @@
 docs/benchmarks.md. A benchmark whose service or tool is missing is skipped with the reason.
 
     python -m bench.run_all [ingest replica_ack pipeline overhead claude_client prompt_size chaos
-                             capacity shadow]
+                             capacity shadow relay_scale]
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ BENCHMARKS = [
     "chaos",
     "capacity",
     "shadow",
+    "relay_scale",
 ]
 
 

@@ -1,11 +1,13 @@
-"""Redis-side helpers of the relay: one active relay across processes, and the memory of
-dedup ids already published (SNS FIFO itself forgets after 5 minutes)."""
+"""Redis-side helpers of the relay: the lease rules every publishing right follows
+(``CoveredLease``), the single relay lease, and the memory of dedup ids already published
+(SNS FIFO itself forgets after 5 minutes). Relays that split the slots: ``shards.py``."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Protocol
 
 from redis.asyncio import Redis
 
@@ -17,45 +19,31 @@ from app.leases import LeaseScripts, relay_lease_key
 SAFE_FRACTION = 0.8
 
 
-class RelayLease:
-    """One relay publishes at a time across all gateway processes.
+class PublishLease(Protocol):
+    """What the relay needs of its right to publish: which relay slots it covers (None: all),
+    a renewal between rounds, a block it may publish in, and giving it back."""
 
-    ``valid_until`` (event-loop time) is when this holder stops counting on the lease:
-    ``SAFE_FRACTION`` of the ttl after the start of its last renewal. A publish runs inside
-    ``covering()``, which keeps renewing the lease, so a slow SNS only delays it; it is
-    abandoned (``app/publish/relay.py``) once a renewal finds the lease another relay's, or
-    at ``valid_until`` when no renewal got through in time, so a relay that stalled (SIGSTOP,
-    a suspended VM, a long pause) cannot send an old row after the next holder has moved the
-    group on.
-    """
+    @property
+    def slots(self) -> frozenset[int] | None: ...
 
-    def __init__(
-        self,
-        redis: Redis,
-        *,
-        prefix: str,
-        owner: str,
-        ttl_ms: int = 15_000,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-    ) -> None:
-        self.redis = redis
-        self.key = relay_lease_key(prefix)
-        self.owner = owner
-        self.ttl_ms = ttl_ms
-        self.valid_until = 0.0
-        self.sleep = sleep  # between the renewals of ``covering()``
-        self._scripts = LeaseScripts(redis)
+    async def hold(self) -> bool: ...
 
-    async def hold(self) -> bool:
-        started = asyncio.get_running_loop().time()
-        try:
-            held = await self._scripts.renew(
-                self.key, holder=self.owner, ttl_ms=self.ttl_ms
-            ) or bool(await self.redis.set(self.key, self.owner, nx=True, px=self.ttl_ms))
-        except REDIS_ERRORS:
-            held = False
-        self.valid_until = started + self.ttl_ms / 1000 * SAFE_FRACTION if held else 0.0
-        return held
+    def covering(self) -> contextlib.AbstractAsyncContextManager[None]: ...
+
+    async def release(self) -> None: ...
+
+
+class CoveredLease:
+    """``covering()`` for a lease of ``ttl_ms`` whose holder counts on it until
+    ``valid_until`` (event-loop time) and renews it with ``_extend()``; ``sleep`` is waited
+    between the renewals."""
+
+    ttl_ms: int
+    valid_until: float
+    sleep: Callable[[float], Awaitable[None]]
+
+    async def _extend(self) -> bool:
+        raise NotImplementedError
 
     @contextlib.asynccontextmanager
     async def covering(self) -> AsyncIterator[None]:
@@ -117,6 +105,51 @@ class RelayLease:
             if not deadline.expired():
                 deadline.reschedule(asyncio.get_running_loop().time())
             raise
+
+
+class RelayLease(CoveredLease):
+    """One relay publishes at a time across all gateway processes.
+
+    ``valid_until`` (event-loop time) is when this holder stops counting on the lease:
+    ``SAFE_FRACTION`` of the ttl after the start of its last renewal. A publish runs inside
+    ``covering()``, which keeps renewing the lease, so a slow SNS only delays it; it is
+    abandoned (``app/publish/relay.py``) once a renewal finds the lease another relay's, or
+    at ``valid_until`` when no renewal got through in time, so a relay that stalled (SIGSTOP,
+    a suspended VM, a long pause) cannot send an old row after the next holder has moved the
+    group on.
+    """
+
+    def __init__(
+        self,
+        redis: Redis,
+        *,
+        prefix: str,
+        owner: str,
+        ttl_ms: int = 15_000,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self.redis = redis
+        self.key = relay_lease_key(prefix)
+        self.owner = owner
+        self.ttl_ms = ttl_ms
+        self.valid_until = 0.0
+        self.sleep = sleep  # between the renewals of ``covering()``
+        self._scripts = LeaseScripts(redis)
+
+    @property
+    def slots(self) -> frozenset[int] | None:
+        return None  # one relay publishes every group
+
+    async def hold(self) -> bool:
+        started = asyncio.get_running_loop().time()
+        try:
+            held = await self._scripts.renew(
+                self.key, holder=self.owner, ttl_ms=self.ttl_ms
+            ) or bool(await self.redis.set(self.key, self.owner, nx=True, px=self.ttl_ms))
+        except REDIS_ERRORS:
+            held = False
+        self.valid_until = started + self.ttl_ms / 1000 * SAFE_FRACTION if held else 0.0
+        return held
 
     async def _extend(self) -> bool:
         """Renew the lease if it is still this holder's. ``valid_until`` moves on when it

@@ -18,7 +18,7 @@ from app.events import Event
 from app.observability.metrics import GROUP_ID_DISAGREEMENTS
 from app.publish.ids import deduplication_id, resolve_group_id
 from app.publish.sns import OutgoingMessage
-from app.store.models import OutboxRow
+from app.store.models import OutboxRow, slot_of
 
 
 def outbox_row(
@@ -53,6 +53,7 @@ def outbox_row(
         tool=name,
         topic_arn=tool.topic_arn,
         group_id=group_id,
+        relay_slot=slot_of(group_id),
         dedup_id=deduplication_id(event.id, index, event.generation),
         body=orjson.dumps(body).decode(),
     )

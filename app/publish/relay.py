@@ -7,8 +7,10 @@ once, so a group never has two unacknowledged publishes — and sends the heads 
 PublishBatch (≤10 entries, ≤256 KiB, per topic). A group whose head fails with a retryable
 error waits with backoff and keeps its place; a permanent error dead-letters that row and
 its group moves on. A batch SNS refuses as a whole for good is sent again one entry at a
-time, so only the entries refused on their own are dead-lettered. Across processes one
-relay holds the lease (Redis) at a time, and abandons a publish its lease no longer covers.
+time, so only the entries refused on their own are dead-lettered. Across processes the
+relays split the message groups by relay slot (``shards.py``; one relay for all of them with
+the single ``RelayLease``): a relay fetches and publishes only the slots it holds, and
+abandons a publish its lease no longer covers.
 """
 
 from __future__ import annotations
@@ -28,11 +30,11 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from app.events import EventStatus
 from app.faults import LeaseLost
 from app.observability.metrics import END_TO_END, EVENTS_FINISHED, PUBLISHED
-from app.publish.coordination import PublishedMemory, RelayLease
+from app.publish.coordination import PublishedMemory, PublishLease
 from app.publish.messages import outgoing
 from app.publish.sns import Published, Publisher, PublishError
 from app.store.dead_letters import DeadLetters
-from app.store.models import OutboxRow
+from app.store.models import OutboxRow, slot_of
 from app.store.repository import EventRepository, OutboxRepository
 
 log = structlog.get_logger(__name__)
@@ -52,7 +54,7 @@ class OutboxRelay:
         *,
         sessions: async_sessionmaker[AsyncSession],
         publisher: Publisher,
-        lease: RelayLease | None,
+        lease: PublishLease | None,
         memory: PublishedMemory | None,
         poll_seconds: float,
         fetch_size: int = 500,
@@ -107,6 +109,10 @@ class OutboxRelay:
     async def _holds_lease(self) -> bool:
         return self.lease is None or await self.lease.hold()
 
+    def _slots(self) -> frozenset[int] | None:
+        """The relay slots this relay publishes now (None: every slot)."""
+        return None if self.lease is None else self.lease.slots
+
     async def publish_pending(self) -> int:
         """Publish the first few pending rows of each ready group; returns how many were
         settled (published or dead-lettered), so a caller can loop while there is progress.
@@ -122,6 +128,7 @@ class OutboxRelay:
                 limit=self.fetch_size,
                 per_group=self.rows_per_group,
                 skip_groups=self._in_backoff(now),
+                slots=self._slots(),
             )
         groups: OrderedDict[str, list[OutboxRow]] = OrderedDict()
         for row in rows:
@@ -144,6 +151,10 @@ class OutboxRelay:
             # outlast the lease, and a relay publishing past it would race the next holder.
             if groups and not await self._holds_lease():
                 break
+            # A shard given back (another relay joined) or lost: its groups are not ours.
+            if (slots := self._slots()) is not None:
+                for group in [g for g in groups if slot_of(g) not in slots]:
+                    del groups[group]
         return settled
 
     def _in_backoff(self, now: float) -> list[str]:
@@ -205,7 +216,7 @@ class OutboxRelay:
         next holder may have published the group's later rows, and a late send of this row
         would arrive after them. That time starts once the publish has a batch slot, on a
         renewal of the lease, and the lease is renewed while SNS takes its time
-        (``RelayLease.covering``): a slow SNS delays a publish, and only a lease lost to
+        (``CoveredLease.covering``): a slow SNS delays a publish, and only a lease lost to
         another relay, or not renewed in time, abandons it. An abandoned publish is retried
         by whoever holds the lease (if it did reach SNS, the same deduplication id makes
         the retry a no-op)."""

@@ -52,6 +52,7 @@ OUTBOX_FIELDS = (
     "tool",
     "topic_arn",
     "group_id",
+    "relay_slot",
     "dedup_id",
     "body",
 )

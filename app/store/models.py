@@ -6,6 +6,7 @@ event lives only in its Redis stream (status ``queued``).
 
 from __future__ import annotations
 
+import zlib
 from datetime import UTC, datetime
 from typing import Any
 
@@ -18,6 +19,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    SmallInteger,
     String,
     Text,
     TypeDecorator,
@@ -25,6 +27,7 @@ from sqlalchemy import (
     false,
 )
 from sqlalchemy.engine import Dialect
+from sqlalchemy.engine.default import DefaultExecutionContext
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -176,17 +179,38 @@ class OutboxStatus:
     DEAD = "dead"
 
 
+# Relay slots: a message group's rows all carry its slot, and relays split the slots between
+# them (``app/publish/shards.py``). Stored in rows, so the count can never change.
+RELAY_SLOTS = 256
+
+
+def slot_of(group_id: str) -> int:
+    """The relay slot of a message group (migration 0010 computes the same)."""
+    return zlib.crc32(group_id.encode()) % RELAY_SLOTS
+
+
+def _slot_default(context: DefaultExecutionContext) -> int:
+    """For writers that leave the slot out (the worker sets it, ``outbox_row``)."""
+    parameters = context.get_current_parameters()  # type: ignore[no-untyped-call]
+    return slot_of(parameters["group_id"])
+
+
 class OutboxRow(Base):
     """A tool call waiting to be (or already) published; ``id`` order is publish order.
 
     ``generation`` is the event's replay count when the row was written: a replay stores a new
     generation beside the earlier one (kept as history) with its own dedup ids.
+
+    ``relay_slot`` is ``slot_of(group_id)``, set when the row is written; NULL in a row that a
+    process older than migration 0010 wrote during an upgrade, which the relay reads as the
+    slot computed from its group (``OutboxRepository.pending``).
     """
 
     __tablename__ = "outbox"
     __table_args__ = (
         UniqueConstraint("event_id", "generation", "seq", name="uq_outbox_event_generation_seq"),
         Index("ix_outbox_status_id", "status", "id"),
+        Index("ix_outbox_status_slot_id", "status", "relay_slot", "id"),
     )
 
     id: Mapped[int] = mapped_column(
@@ -201,6 +225,7 @@ class OutboxRow(Base):
     tool: Mapped[str] = mapped_column(String(64))
     topic_arn: Mapped[str | None] = mapped_column(String(300), default=None)
     group_id: Mapped[str] = mapped_column(String(128))
+    relay_slot: Mapped[int | None] = mapped_column(SmallInteger, default=_slot_default)
     dedup_id: Mapped[str] = mapped_column(String(128), unique=True)
     body: Mapped[str] = mapped_column(Text)
     status: Mapped[str] = mapped_column(String(32), default=OutboxStatus.PENDING)

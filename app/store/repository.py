@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
@@ -21,6 +21,7 @@ from app.store.models import (
     LlmCallRow,
     OutboxRow,
     OutboxStatus,
+    slot_of,
     utcnow,
 )
 
@@ -121,12 +122,17 @@ OUTCOME_FIELDS = (
 )
 
 
-def _pending(*, skipping: bool) -> Any:
+def _pending(*, skipping: bool, sliced: bool) -> Any:
     """The relay's fetch (``OutboxRepository.pending``), built once: the relay runs it every
     poll, and building it per call cost more CPU than running it."""
     conditions = [OUTBOX.c.status == OutboxStatus.PENDING, OUTBOX.c.topic_arn.is_not(None)]
     if skipping:
         conditions.append(OUTBOX.c.group_id.not_in(bindparam("skip_groups", expanding=True)))
+    if sliced:
+        conditions.append(
+            OUTBOX.c.relay_slot.in_(bindparam("slots", expanding=True))
+            | OUTBOX.c.relay_slot.is_(None)
+        )
     ranked = (
         select(
             OUTBOX.c.id,
@@ -152,8 +158,12 @@ def _pending(*, skipping: bool) -> Any:
     )
 
 
-PENDING = _pending(skipping=False)
-PENDING_SKIPPING = _pending(skipping=True)
+# (skipping groups, only some slots) → the statement
+PENDING = {
+    (skipping, sliced): _pending(skipping=skipping, sliced=sliced)
+    for skipping in (False, True)
+    for sliced in (False, True)
+}
 COMPLETE_LLM_CALL = (
     update(LLM_CALLS)
     .where(LLM_CALLS.c.id == bindparam("call_id"))
@@ -316,22 +326,37 @@ class OutboxRepository:
         return result.all()
 
     async def pending(
-        self, *, limit: int, per_group: int, skip_groups: Sequence[str] = ()
-    ) -> Sequence[OutboxRow]:
+        self,
+        *,
+        limit: int,
+        per_group: int,
+        skip_groups: Sequence[str] = (),
+        slots: Collection[int] | None = None,
+    ) -> list[OutboxRow]:
         """The first ``per_group`` pending rows of each group not in ``skip_groups``: every
         group's head (its oldest pending row) before any group's second row, oldest first,
         at most ``limit`` rows. Rows without a topic wait for configuration and are left out.
+        With ``slots``, only rows of groups in those relay slots.
 
         Ranking only pending rows makes a group's rank-1 row its head whatever was published
         or dead-lettered before it, so a group busy with thousands of rows, or the groups in
         backoff the caller skips, never keep another group's head out of the result. The
         ranking reads (id, group_id) only, so its sort holds no message bodies.
+
+        A row without a slot (written by a process older than migration 0010) is ranked with
+        every group's rows and kept when its group's computed slot is one of ``slots``: a
+        group's older rows then always come before its newer ones, whichever have a slot.
         """
         params: dict[str, Any] = {"limit": limit, "per_group": per_group}
         if skip_groups:
             params["skip_groups"] = list(skip_groups)
-        result = await self.session.scalars(PENDING_SKIPPING if skip_groups else PENDING, params)
-        return result.all()
+        if slots is not None:
+            params["slots"] = sorted(slots) or [-1]  # an empty IN list: no slot matches
+        statement = PENDING[(bool(skip_groups), slots is not None)]
+        rows = (await self.session.scalars(statement, params)).all()
+        if slots is None:
+            return list(rows)
+        return [r for r in rows if r.relay_slot is not None or slot_of(r.group_id) in slots]
 
     async def mark_published(self, published: Sequence[tuple[int, str, str | None]]) -> None:
         """(row id, SNS message id, sequence number) for each row: one executemany."""
