@@ -7,15 +7,18 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
 import orjson
 import pytest
 import structlog
+from prometheus_client import REGISTRY
 
 from app.config import ConfigError, parse_config
-from app.evaluate.shadow import sampled
+from app.evaluate.shadow import ShadowRunner, sampled
+from app.events import Event
 from app.main import create_app
 from app.settings import Settings
 from eventgate_dev.fake_anthropic import FakeAnthropicServer, Persona
@@ -216,3 +219,29 @@ async def test_a_candidate_out_of_budget_fails_alone_and_live_goes_on(
     assert (report["events"], report["errors"]) == (1, 5)
     failed = [s for e in events for s in e["shadow"] if s["agreement"] == "error"]
     assert len(failed) == 5 and all("budget" in s["error"] for s in failed)
+
+
+def test_a_candidate_whose_queue_is_full_skips_the_event_and_counts_it() -> None:
+    config = parse_config(_config("arn:aws:sns:us-east-1:123456789012:t.fifo"))
+    runner = ShadowRunner(
+        config=config,
+        rerunner=None,  # type: ignore[arg-type]  # never reached: the queue is full
+        sessions=None,  # type: ignore[arg-type]
+        live_caller=None,  # type: ignore[arg-type]
+        max_pending=0,
+    )
+    labels = {"candidate": "triage-v2", "agreement": "skipped"}
+    before = REGISTRY.get_sample_value("eventgate_shadow_decisions_total", labels) or 0.0
+    event = Event(
+        id="evt_full",
+        source="github",
+        type="push",
+        group_key="acme/api",
+        delivery_id="d",
+        pipeline="triage",
+        received_at=datetime.now(UTC),
+        payload={},
+    )
+    runner.after_decided(event, [], None)  # type: ignore[arg-type]
+    after = REGISTRY.get_sample_value("eventgate_shadow_decisions_total", labels)
+    assert after == before + 1 and runner.tasks == set()
