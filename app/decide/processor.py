@@ -180,7 +180,13 @@ class EventProcessor:
         pipeline = self.config.pipelines[event.pipeline]
         request = await self.request_for(event)
         cached = pipeline.cache is not None and self.cache is not None
-        if cached and await self._from_cache(event, request, first_attempt, epoch, log_):
+        # An operator's replay asks Claude again (the point of it); it may refresh the entry.
+        fresh = event.generation > 0
+        if (
+            cached
+            and not fresh
+            and await self._from_cache(event, request, first_attempt, epoch, log_)
+        ):
             return
         escalated = False
         try:

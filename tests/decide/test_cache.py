@@ -117,3 +117,45 @@ async def test_the_same_prompt_is_paid_for_once_per_pipeline(
     published = [e["tool_calls"][0] for e in events]
     assert len({t["dedup_id"] for t in published}) == 4  # each event its own message
     assert 'eventgate_llm_cache_total{outcome="hit",pipeline="a"} 2.0' in metrics
+
+
+async def test_an_operators_replay_asks_claude_again(
+    fake_claude: FakeAnthropicServer,
+    redis_url: str,
+    redis_prefix: str,
+    database_url: str,
+) -> None:
+    # No topic: the decision is held, and an operator replays it.
+    config = _config("x").replace("    topic_arn: x\n", "")
+    settings = Settings(
+        redis_url=redis_url,
+        redis_prefix=redis_prefix,
+        database_url=database_url,
+        admin_token=TOKEN,
+        auto_migrate=False,
+        partitions=4,
+        log_format="json",
+    )
+    app = create_app(settings, parse_config(config), role="serve")
+    body = orjson.dumps({"device": "th-2", "temperature": 12})
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    with ServerThread(app) as server:
+        async with httpx.AsyncClient(base_url=server.url, headers=auth, timeout=30) as client:
+            reply = await client.post("/v1/webhooks/sensors", content=body, headers=_signed(body))
+            event_id = reply.json()["event_id"]
+
+            async def status() -> str:
+                return str((await client.get(f"/v1/events/{event_id}")).json()["status"])
+
+            for _ in range(100):
+                if await status() == "held":
+                    break
+                await asyncio.sleep(0.1)
+            assert (await client.post(f"/v1/events/{event_id}/replay")).status_code == 202
+            for _ in range(100):
+                calls = (await client.get("/v1/llm-calls", params={"event_id": event_id})).json()
+                if calls["total"] == 2 and await status() == "held":
+                    break
+                await asyncio.sleep(0.1)
+    assert len(fake_claude.behaviour.requests) == 2
+    assert [c["cache_hit"] for c in calls["items"]] == [False, False]
