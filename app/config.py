@@ -96,6 +96,14 @@ class EscalateConfig(_Strict):
     when_tool: str
 
 
+class WindowConfig(_Strict):
+    """Decide a key's events together (``app/decide/windows.py``): a window opens with the
+    key's first event and closes ``seconds`` later or at its ``max_events``-th event."""
+
+    seconds: float = Field(gt=0, le=86_400)
+    max_events: int = Field(default=100, ge=1, le=1_000)
+
+
 class DigestOver(_Strict):
     """What a scheduled pipeline's digest covers: the stored events of the last ``hours``
     (of ``source``, or every source), at most ``max_events`` of them listed."""
@@ -121,6 +129,7 @@ class PipelineConfig(_Strict):
     history: HistoryConfig | None = None
     escalate: EscalateConfig | None = None
     cache: CacheConfig | None = None
+    window: WindowConfig | None = None
     # A scheduled digest (``app/schedule/digests.py``): cron, UTC; 5 fields, or 6 with seconds.
     schedule: str | None = None
     over: DigestOver | None = None
@@ -131,6 +140,8 @@ class PipelineConfig(_Strict):
             raise ValueError("a digest needs both 'schedule' (cron) and 'over'")
         if self.schedule is not None and not croniter.is_valid(self.schedule):
             raise ValueError(f"schedule {self.schedule!r} is not a cron expression")
+        if self.schedule is not None and self.window is not None:
+            raise ValueError("a scheduled digest is one event per tick: it takes no 'window'")
         return self
 
 

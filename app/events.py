@@ -26,6 +26,10 @@ class EventStatus:
     can take it, but a tool call of it was not published (``published`` says they all were).
     A topic configured later does not release them: the topic is stored with each call when
     it is decided.
+
+    ``windowed``: a pipeline with a ``window`` took the event into a window of its key; the
+    window is decided as one event of source ``window`` (``app/decide/windows.py``), whose
+    status says what came of it. Final for the event itself.
     """
 
     QUEUED = "queued"
@@ -34,11 +38,19 @@ class EventStatus:
     PUBLISHED = "published"
     NO_ACTION = "no_action"
     DEAD_LETTERED = "dead_lettered"
+    WINDOWED = "windowed"
 
 
 FINAL_STATUSES = frozenset(
-    {EventStatus.PUBLISHED, EventStatus.NO_ACTION, EventStatus.DEAD_LETTERED}
+    {
+        EventStatus.PUBLISHED,
+        EventStatus.NO_ACTION,
+        EventStatus.DEAD_LETTERED,
+        EventStatus.WINDOWED,
+    }
 )
+# The source of the event that stands for a closed window (not a configured source).
+WINDOW_SOURCE = "window"
 
 
 class Event(BaseModel):

@@ -66,6 +66,7 @@ from app.queue.leases import PartitionLeases
 from app.queue.streams import EventQueue
 from app.queue.worker import QueueWorker
 from app.schedule.digests import DigestScheduler
+from app.schedule.windows import WindowCloser
 from app.settings import Settings
 from app.sources.base import AdapterDeps
 from app.state import ApiParts, Processing, Running, Shared, WorkerParts
@@ -347,6 +348,11 @@ def start(running: Running) -> None:
     supervisor.start("backlog", shared.backlog.run)
     if running.worker is None:
         return
+    if any(p.window is not None for p in shared.config.pipelines.values()):
+        closer = WindowCloser(queue=shared.queue, sessions=shared.sessions)
+        if running.worker.processing is not None:
+            running.worker.processing.processor.window_closed = closer.flush
+        supervisor.start("windows", closer.run)
     if running.worker.processing is not None:
         running.worker.processing.worker.start()
     if running.worker.relay is not None:

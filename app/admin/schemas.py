@@ -13,7 +13,9 @@ from pydantic import BaseModel
 
 T = TypeVar("T")
 
-EventStatusName = Literal["queued", "processing", "held", "published", "no_action", "dead_lettered"]
+EventStatusName = Literal[
+    "queued", "processing", "held", "published", "no_action", "dead_lettered", "windowed"
+]
 
 
 class Window(BaseModel, Generic[T]):
@@ -71,6 +73,9 @@ class EventDetail(EventSummary):
     dead_letter: DeadLetterOut | None
     # Shadow candidates' decisions of this event (none unless a pipeline has shadows).
     shadow: list[dict[str, Any]] = []
+    # The window the event was decided in (a ``windowed`` event), or that it stands for (an
+    # event of source ``window``): its bounds, and the event that decided it.
+    window: dict[str, Any] | None = None
 
 
 class ReplayAccepted(BaseModel):

@@ -44,18 +44,19 @@ from app.admin.schemas import (
 )
 from app.admin.shadow import event_shadows, shadow_report, shadow_rows
 from app.errors import QueueUnavailable
-from app.events import Event, EventStatus, make_event
+from app.events import WINDOW_SOURCE, Event, EventStatus, make_event
 from app.faults import REDIS_ERRORS
 from app.queue.requeue import requeue_event
 from app.queue.streams import EventQueue
 from app.source_config import SourceConfig
-from app.store.models import EventRow, ShadowDecisionRow, utcnow
+from app.store.models import EventRow, ShadowDecisionRow, WindowRow, utcnow
 from app.store.repository import (
     DeadLetterRepository,
     EventRepository,
     LlmCallRepository,
     OutboxRepository,
 )
+from app.store.windows import window_view
 
 log = structlog.get_logger(__name__)
 R = TypeVar("R")
@@ -91,7 +92,9 @@ class AdminService:
                 .where(ShadowDecisionRow.event_id == event_id)
                 .order_by(ShadowDecisionRow.id)
             )
+            window = await _window_of(session, row)
         return EventDetail(
+            window=window,
             shadow=event_shadows(shadows.all()),
             **views.summary(row).model_dump(),
             delivery_id=row.delivery_id,
@@ -302,6 +305,32 @@ class AdminService:
             raise QueueUnavailable("the event queue is unreachable; retry later") from exc
         await session.commit()
         return event, partition
+
+
+async def _window_of(session: AsyncSession, row: EventRow) -> dict[str, Any] | None:
+    """A windowed event's window (with the event that decided it, and how that ended), or
+    the window an event of source ``window`` stands for (with its events in order)."""
+    if row.window_id is not None:
+        window = await session.get(WindowRow, row.window_id)
+        if window is None:
+            return None
+        decided_by = await session.get(EventRow, window.event_id) if window.event_id else None
+        return window_view(window) | {
+            "position": row.window_position,
+            "event_id": window.event_id,
+            "decision_status": decided_by.status if decided_by is not None else None,
+        }
+    if row.source != WINDOW_SOURCE:
+        return None
+    window = await session.scalar(select(WindowRow).where(WindowRow.event_id == row.id))
+    if window is None:
+        return None
+    members = await session.scalars(
+        select(EventRow.id)
+        .where(EventRow.window_id == window.id)
+        .order_by(EventRow.window_position)
+    )
+    return window_view(window) | {"event_id": row.id, "members": list(members.all())}
 
 
 def _counted(window: Window[T], total: int | None) -> Page[T]:

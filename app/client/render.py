@@ -25,6 +25,7 @@ STATUS_STYLES = {
     "no_action": "cyan",
     "filtered": "cyan",
     "dead_lettered": "bold red",
+    "windowed": "cyan",
 }
 ATTEMPT_STYLES = {"ok": "green", "retry": "yellow", "unknown": "yellow"}
 PUBLISH_STYLES = {"published": "green", "pending": "yellow", "dead": "bold red"}

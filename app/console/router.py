@@ -50,6 +50,7 @@ STATUSES: tuple[EventStatusName, ...] = (
     "published",
     "no_action",
     "dead_lettered",
+    "windowed",
 )
 Filter = Annotated[str, Query(max_length=200, pattern=r"^[^\x00]*$")]
 Cursor = Annotated[str | None, Query(max_length=500)]

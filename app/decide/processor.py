@@ -15,7 +15,7 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -30,17 +30,19 @@ from app.decide.cache import ResponseCache
 from app.decide.history import earlier_events, history_block
 from app.decide.prompts import render_event, system_blocks, tool_definitions
 from app.decide.tools import ToolCheck, check_tool_uses, repair_request, shown
-from app.events import FINAL_STATUSES, Event, EventStatus
+from app.decide.windows import member_event, render_window
+from app.events import FINAL_STATUSES, WINDOW_SOURCE, Event, EventStatus
 from app.faults import Fence, LeaseLost, data_refused, dependency_unavailable
 from app.llm.attempts import Attempt, AttemptLog
 from app.llm.breaker import BreakerState
 from app.llm.caller import CallAbandoned, CallResult, GuardedCaller, run_together
 from app.llm.client import ClaudeReply, ClaudeRequest
-from app.observability.metrics import DEDUP_HITS, ESCALATIONS, EVENTS_FINISHED
+from app.observability.metrics import DEDUP_HITS, ESCALATIONS, EVENTS_FINISHED, WINDOWS_CLOSED
 from app.publish.messages import outbox_row
+from app.store import windows
 from app.store.dead_letters import DeadLetters
 from app.store.decisions import Decision, DecisionStore
-from app.store.models import LlmCallStatus, OutboxRow
+from app.store.models import EventRow, LlmCallStatus, OutboxRow, utcnow
 from app.store.repository import (
     EVENT_FIELDS,
     LlmCallRepository,
@@ -75,6 +77,8 @@ class CachedAnswer:
 
 # (event, its stored outbox rows in order, the answer that decided it)
 AfterDecided = Callable[[Event, Sequence[OutboxRow], Answer], None]
+# (pipeline, group key) of a window just closed: its event goes on the stream.
+WindowClosed = Callable[[str, str], Awaitable[None]]
 
 
 class EventProcessor:
@@ -90,6 +94,7 @@ class EventProcessor:
         on_stored: Callable[[], None] = lambda: None,
         after_decided: AfterDecided | None = None,
         cache: ResponseCache | None = None,
+        window_closed: WindowClosed | None = None,
     ) -> None:
         self.config = config
         self.sessions = sessions
@@ -106,6 +111,9 @@ class EventProcessor:
         # once; whatever it raises is logged, never the live path's failure.
         self.after_decided = after_decided
         self.cache = cache  # the response cache, for pipelines that have one
+        # Enqueues the events of a key's closed windows (without it, the closer's next
+        # round does, within a second).
+        self.window_closed = window_closed
         # (event id, generation, lease epoch) whose last try met an unreachable dependency
         self._waiting: dict[tuple[str, int, int], bool] = {}
         self.source_types = {name: source.type for name, source in config.sources.items()}
@@ -167,7 +175,42 @@ class EventProcessor:
                 epoch=epoch,
             )
             return
+        window = self.config.pipelines[event.pipeline].window
+        if window is not None and event.source != WINDOW_SOURCE:
+            await self._join_window(event, epoch=epoch, log_=log_)
+            return
         await self._decide(event, fence=fence, first_attempt=attempts + 1, log_=log_)
+
+    async def _join_window(self, event: Event, *, epoch: int, log_: Any) -> None:
+        """Take the event into its key's open window (it ends ``windowed``); the window it
+        filled, or found past its time, goes on the stream."""
+        window = self.config.pipelines[event.pipeline].window
+        assert window is not None
+        async with self.sessions() as session:
+            joined = await windows.join(
+                session,
+                event_id=event.id,
+                pipeline=event.pipeline,
+                group_key=event.group_key,
+                seconds=window.seconds,
+                max_events=window.max_events,
+                epoch=epoch,
+                now=utcnow(),
+            )
+            if joined is None:
+                await session.rollback()
+                row = await session.get(EventRow, event.id)
+                if row is not None and row.fence > epoch:
+                    raise LeaseLost(f"a later lease tenure (epoch {row.fence}) started the event")
+                return  # in a window already: a redelivery
+            await session.commit()
+        EVENTS_FINISHED.labels(status=EventStatus.WINDOWED).inc()
+        for closed, reason in ((joined.closed_earlier, "time"), (joined.closed, "count")):
+            if closed:
+                WINDOWS_CLOSED.labels(pipeline=event.pipeline, reason=reason).inc()
+        log_.info("event_windowed", window=joined.window_id, position=joined.position)
+        if (joined.closed or joined.closed_earlier) and self.window_closed is not None:
+            await self.window_closed(event.pipeline, event.group_key)
 
     async def give_up(self, event: Event, reason: str) -> None:
         """Dead-letter an event whose processing keeps failing (the worker's poison path)."""
@@ -264,8 +307,11 @@ class EventProcessor:
     async def request_for(self, event: Event) -> ClaudeRequest:
         """What Claude is asked for ``event`` through its pipeline (``event.pipeline``)."""
         pipeline = self.config.pipelines[event.pipeline]
-        content = render_event(event)
-        if pipeline.history is not None:
+        if event.source == WINDOW_SOURCE:
+            content = await self._window_content(event)
+        else:
+            content = render_event(event)
+        if pipeline.history is not None and event.source != WINDOW_SOURCE:
             async with self.sessions() as session:
                 earlier = await earlier_events(session, event, limit=pipeline.history.events)
             block = history_block(earlier, source_types=self.source_types, config=pipeline.history)
@@ -277,6 +323,13 @@ class EventProcessor:
             messages=[{"role": "user", "content": content}],
             max_tokens=pipeline.max_tokens,
         )
+
+    async def _window_content(self, event: Event) -> str:
+        window_id = int(event.payload["window"]["id"])
+        async with self.sessions() as session:
+            rows = await windows.members(session, window_id)
+        members = [member_event(row, self.config.sources.get(row.source)) for row in rows]
+        return render_window(event, members)
 
     async def ask(
         self,

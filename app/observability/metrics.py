@@ -56,6 +56,11 @@ ESCALATIONS = Counter(
     "Events a triage pipeline handed to the pipeline it escalates to",
     ["pipeline", "to"],
 )
+WINDOWS_CLOSED = Counter(
+    "eventgate_windows_closed_total",
+    "Windows closed, by the time they were open for (time) or by their last event (count)",
+    ["pipeline", "reason"],
+)
 SHADOW_DECISIONS = Counter(
     "eventgate_shadow_decisions_total",
     "Shadow candidates' decisions of live events by agreement with the live one "

@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 
 from app.config import ToolConfig
-from app.events import Event
+from app.events import WINDOW_SOURCE, Event
 from app.observability.metrics import GROUP_ID_DISAGREEMENTS
 from app.publish.ids import deduplication_id, resolve_group_id
 from app.publish.sns import OutgoingMessage
@@ -41,6 +41,9 @@ def outbox_row(
         "model": model,
         "sequence": index,
     }
+    if event.source == WINDOW_SOURCE and isinstance(event.payload, dict):
+        window = event.payload.get("window") or {}
+        body["window"] = {k: window.get(k) for k in ("first_event_id", "last_event_id", "events")}
     group_id, disagreed = resolve_group_id(tool.group_id, event.group_key, tool_input)
     if disagreed:
         GROUP_ID_DISAGREEMENTS.labels(tool=name, policy=tool.group_id).inc()

@@ -25,6 +25,7 @@ from sqlalchemy import (
     TypeDecorator,
     UniqueConstraint,
     false,
+    text,
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.engine.default import DefaultExecutionContext
@@ -77,6 +78,54 @@ class EventRow(Base):
     replays: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # Lease epoch of the latest worker tenure that started processing it (see the worker).
     fence: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    # The window it was taken into (``windowed``), and its place there (migration 0011).
+    window_id: Mapped[int | None] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), default=None, index=True
+    )
+    window_position: Mapped[int | None] = mapped_column(Integer, default=None)
+
+
+class WindowStatus:
+    """``open`` takes the key's events; ``closed`` (by time or count) takes no more and its
+    event is to be enqueued; ``enqueued``: its event is on the stream (``event_id``)."""
+
+    OPEN = "open"
+    CLOSED = "closed"
+    ENQUEUED = "enqueued"
+
+
+class WindowRow(Base):
+    """A window of one pipeline's key (``app/decide/windows.py``, migration 0011). At most one
+    is open per pipeline and key."""
+
+    __tablename__ = "windows"
+    __table_args__ = (
+        Index(
+            "uq_windows_open",
+            "pipeline",
+            "group_key",
+            unique=True,
+            postgresql_where=text("status = 'open'"),
+            sqlite_where=text("status = 'open'"),
+        ),
+        Index("ix_windows_status_closes", "status", "closes_at"),
+    )
+
+    id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
+    pipeline: Mapped[str] = mapped_column(String(64))
+    group_key: Mapped[str] = mapped_column(String(512))
+    status: Mapped[str] = mapped_column(String(16))
+    events: Mapped[int] = mapped_column(Integer, default=0)
+    first_event_id: Mapped[str | None] = mapped_column(String(64), default=None)
+    last_event_id: Mapped[str | None] = mapped_column(String(64), default=None)
+    opened_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    closes_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    closed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), default=None)
+    closed_by: Mapped[str | None] = mapped_column(String(16), default=None)  # time | count
+    # The event that stands for the window once closed (source ``window``).
+    event_id: Mapped[str | None] = mapped_column(String(64), default=None)
 
 
 class LlmCallStatus:

@@ -1,10 +1,12 @@
 """Retention: delete audit rows and finished events older than a configured age.
 
-An event is deleted only in a final state (published, no_action, dead_lettered)
+An event is deleted only in a final state (published, no_action, dead_lettered, windowed)
 and only when its last change is older than the cutoff; its tool calls and dead letters go
-with it. Audit rows (``llm_calls``) go by their own age. Deletes run in small batches, each
-its own transaction, so the job never holds long locks; several gateways running it at once
-only repeat idempotent deletes.
+with it. A windowed event stays while its window's event is not on the stream yet (it is
+part of what that event will be decided on); a window goes once its event is enqueued and
+it closed before the cutoff. Audit rows (``llm_calls``) go by their own age. Deletes run in
+small batches, each its own transaction, so the job never holds long locks; several gateways
+running it at once only repeat idempotent deletes.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 import structlog
-from sqlalchemy import delete, select
+from sqlalchemy import delete, exists, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.events import FINAL_STATUSES
@@ -25,6 +27,8 @@ from app.store.models import (
     LlmCallRow,
     OutboxRow,
     ShadowDecisionRow,
+    WindowRow,
+    WindowStatus,
     utcnow,
 )
 
@@ -59,10 +63,29 @@ class RetentionRepository:
             )
         return len(ids)
 
+    async def delete_windows(self, *, before: datetime, limit: int) -> int:
+        ids = (
+            await self.session.scalars(
+                select(WindowRow.id)
+                .where(WindowRow.status == WindowStatus.ENQUEUED, WindowRow.closed_at < before)
+                .limit(limit)
+            )
+        ).all()
+        if ids:
+            await self.session.execute(delete(WindowRow).where(WindowRow.id.in_(ids)))
+        return len(ids)
+
     async def finished_event_ids(self, *, before: datetime, limit: int) -> Sequence[str]:
+        undecided_window = exists().where(
+            WindowRow.id == EventRow.window_id, WindowRow.status != WindowStatus.ENQUEUED
+        )
         result = await self.session.scalars(
             select(EventRow.id)
-            .where(EventRow.status.in_(FINAL_STATUSES), EventRow.updated_at < before)
+            .where(
+                EventRow.status.in_(FINAL_STATUSES),
+                EventRow.updated_at < before,
+                ~undecided_window,
+            )
             .limit(limit)
         )
         return result.all()
@@ -108,6 +131,7 @@ class RetentionJob:
         totals = {
             "llm_calls": 0,
             "shadow_decisions": 0,
+            "windows": 0,
             "outbox": 0,
             "dead_letters": 0,
             "events": 0,
@@ -117,15 +141,17 @@ class RetentionJob:
                 repo = RetentionRepository(session)
                 calls = await repo.delete_llm_calls(before=cutoff, limit=self.batch_size)
                 shadows = await repo.delete_shadow_decisions(before=cutoff, limit=self.batch_size)
+                closed = await repo.delete_windows(before=cutoff, limit=self.batch_size)
                 ids = await repo.finished_event_ids(before=cutoff, limit=self.batch_size)
                 counts = await repo.delete_events(ids) if ids else {}
                 await session.commit()
             counts["llm_calls"] = calls
             counts["shadow_decisions"] = shadows
+            counts["windows"] = closed
             for table, count in counts.items():
                 totals[table] += count
                 RETENTION_DELETED.labels(table=table).inc(count)
-            if max(calls, shadows, len(ids)) < self.batch_size:
+            if max(calls, shadows, closed, len(ids)) < self.batch_size:
                 break
         if any(totals.values()):
             log.info("retention_deleted", cutoff=cutoff.isoformat(), **totals)

@@ -8,7 +8,15 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app.store.models import DeadLetterRow, EventRow, LlmCallRow, OutboxRow, ShadowDecisionRow
+from app.store.models import (
+    DeadLetterRow,
+    EventRow,
+    LlmCallRow,
+    OutboxRow,
+    ShadowDecisionRow,
+    WindowRow,
+    WindowStatus,
+)
 from app.store.retention import RetentionJob
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -42,6 +50,23 @@ async def _seed(sessions: async_sessionmaker[AsyncSession]) -> None:
                 _event("evt_recent", status="published", at=RECENT),
             ]
         )
+        # Two old windows: one decided (enqueued), one whose event is not on the stream yet.
+        for n, status in enumerate([WindowStatus.ENQUEUED, WindowStatus.CLOSED], start=1):
+            session.add(
+                WindowRow(
+                    id=n,
+                    pipeline="incidents",
+                    group_key=f"acme/w{n}",
+                    status=status,
+                    events=1,
+                    opened_at=OLD,
+                    closes_at=OLD,
+                    closed_at=OLD,
+                )
+            )
+            member = _event(f"evt_old_windowed_{n}", status="windowed", at=OLD)
+            member.window_id, member.window_position = n, 1
+            session.add(member)
         await session.flush()
         for n, (event_id, at) in enumerate(
             [("evt_old_published", OLD), ("evt_old_dead", OLD), ("evt_recent", RECENT)]
@@ -103,21 +128,25 @@ async def test_retention_deletes_old_finished_events_and_audit_rows(
     assert deleted == {
         "llm_calls": 2,
         "shadow_decisions": 2,
+        "windows": 1,
         "outbox": 2,
         "dead_letters": 1,
-        "events": 2,
+        "events": 3,
     }
     assert await _count(sessions, ShadowDecisionRow) == 1
     async with sessions() as session:
         left = set((await session.scalars(select(EventRow.id))).all())
         calls = set((await session.scalars(select(LlmCallRow.id))).all())
-    assert left == {"evt_old_processing", "evt_recent"}  # in flight, or too recent
+    # In flight, too recent, or in a window still to be decided.
+    assert left == {"evt_old_processing", "evt_recent", "evt_old_windowed_2"}
+    assert await _count(sessions, WindowRow) == 1
     assert calls == {"llm_2"}
     assert await _count(sessions, OutboxRow) == 1
     assert await _count(sessions, DeadLetterRow) == 0
     assert await job.run_once(now=NOW) == {
         "llm_calls": 0,
         "shadow_decisions": 0,
+        "windows": 0,
         "outbox": 0,
         "dead_letters": 0,
         "events": 0,
