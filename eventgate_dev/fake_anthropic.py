@@ -263,7 +263,9 @@ def build_app(behaviour: FakeBehaviour) -> Starlette:
     async def stats(request: Request) -> JSONResponse:
         """For benchmarks running the fake as a process: what it has seen, with the wall-clock
         times (``time.time()``) of the first and the last request received at or after
-        ``?since=`` (a ``time.time()`` value; all requests without it; null if none)."""
+        ``?since=`` (a ``time.time()`` value; all requests without it; null if none).
+        ``requests`` counts /v1/messages only; ``batches`` and ``batch_requests`` the
+        Message Batches created and the requests in them (``since`` does not apply)."""
         to_wall = time.time() - time.monotonic()
         try:
             since = float(request.query_params.get("since", "0"))

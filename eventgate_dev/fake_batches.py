@@ -43,6 +43,8 @@ class FakeBatch:
     ended_at: datetime | None = field(default=None)
 
     def ended(self, now: float) -> bool:
+        """Whether processing has ended by ``now``. The first look after the end stamps
+        ``ended_at`` and, for a canceled batch, turns every result to ``canceled``."""
         if self.ended_at is None and now >= self.ends_at:
             self.ended_at = datetime.now(UTC)
             if self.cancel_initiated_at is not None:

@@ -25,8 +25,13 @@ import anthropic
 from anthropic import AsyncAnthropic
 from anthropic.types.messages import MessageBatch
 
-from app.llm.client import ClaudeError, ClaudeReply, ClaudeRequest, error_from_sdk
-from app.llm.client import reply_from_message as _reply_from_message
+from app.llm.client import (
+    ClaudeError,
+    ClaudeReply,
+    ClaudeRequest,
+    error_from_sdk,
+    reply_from_message,
+)
 
 # The API's own limit on a custom id; checked here so a bad one fails before the upload.
 CUSTOM_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -121,6 +126,7 @@ class BatchClient:
         started = time.perf_counter()
         found: dict[str, ClaudeReply | BatchFailure] = {}
         try:
+            # The SDK's results() checks this too, but raises a bare AnthropicError.
             batch = await self.client.messages.batches.retrieve(batch_id)
             if batch.processing_status != "ended" or not batch.results_url:
                 raise BatchNotEnded(batch_id, batch.processing_status)
@@ -169,7 +175,7 @@ def _outcome(result: Any) -> ClaudeReply | BatchFailure:
         try:
             # A batch answer has no request id or headers of its own, and no latency: the
             # caller knows when it submitted.
-            return _reply_from_message(
+            return reply_from_message(
                 message,
                 request_model=str(message.get("model")) if isinstance(message, dict) else "",
                 request_id=None,
