@@ -26,6 +26,7 @@ from anthropic import AsyncAnthropic
 from anthropic.types.messages import MessageBatch
 
 from app.llm.client import (
+    ClaudeClient,
     ClaudeError,
     ClaudeReply,
     ClaudeRequest,
@@ -82,11 +83,18 @@ class BatchFailure:
 
 
 class BatchClient:
-    """Takes the SDK client the gateway already builds (``ClaudeClient.client``); Bedrock has
-    no Message Batches API, so only ``AsyncAnthropic``."""
+    """Over an ``AsyncAnthropic`` client whose owner closes it (``sharing`` takes the one the
+    gateway's ``ClaudeClient`` already holds, with its connections and no SDK retries)."""
 
     def __init__(self, client: AsyncAnthropic) -> None:
         self.client = client
+
+    @classmethod
+    def sharing(cls, claude: ClaudeClient) -> BatchClient:
+        """Bedrock has no Message Batches API: a ``ValueError`` for a Bedrock client."""
+        if not isinstance(claude.client, AsyncAnthropic):
+            raise ValueError(f"no Message Batches API on {claude.provider}")
+        return cls(claude.client)
 
     async def submit(self, requests: Sequence[tuple[str, ClaudeRequest]]) -> str:
         """Creates a batch of ``(custom_id, request)`` and returns its id. Custom ids must be

@@ -52,7 +52,8 @@ class ClaudeRequest:
     max_tokens: int
 
     def as_api(self) -> dict[str, Any]:
-        """The request body as sent (for token estimates and the prompt hash)."""
+        """The request body as sent (for token estimates and the prompt hash; also a Message
+        Batches request's ``params``)."""
         return {
             "model": self.model,
             "system": self.system,

@@ -12,7 +12,7 @@ import pytest
 from anthropic import AsyncAnthropic, DefaultAioHttpClient
 
 from app.llm.batches import BatchClient, BatchFailure, BatchNotEnded, BatchStatus
-from app.llm.client import ClaudeError, ClaudeReply, ClaudeRequest
+from app.llm.client import ClaudeClient, ClaudeError, ClaudeReply, ClaudeRequest
 from app.llm.pricing import DEFAULT_PRICES, PriceTable, Usage
 from eventgate_dev.fake_anthropic import FakeAnthropicServer, Persona
 from tests.support import free_port
@@ -186,3 +186,22 @@ async def test_a_batch_call_costs_half(batches: BatchClient) -> None:
     assert table.cost_usd("claude-sonnet-4-5", every_kind, batch=True) == pytest.approx(
         (3 + 15 + 3.75 + 0.30) / 2
     )
+
+
+async def test_it_shares_the_gateway_client_but_not_a_bedrock_one(
+    fake_claude: FakeAnthropicServer,
+) -> None:
+    claude = ClaudeClient.from_env(api_key="sk-ant-test", timeout=10)
+    try:
+        shared = BatchClient.sharing(claude)
+        assert shared.client is claude.client
+        results = await shared.results(await shared.submit([("a", _request())]))
+        assert _severity(results["a"]) == "high"
+    finally:
+        await claude.close()
+    bedrock = ClaudeClient.bedrock(region="us-east-1", timeout=10)
+    try:
+        with pytest.raises(ValueError, match="bedrock"):
+            BatchClient.sharing(bedrock)
+    finally:
+        await bedrock.close()
