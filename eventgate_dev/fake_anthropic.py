@@ -17,8 +17,13 @@ enum value it picks, and the share of its answers whose enum values and numbers 
 random (a model that is not consistent with itself). A persona is chosen by the request's
 model name, or by a ``system:TEXT`` key whose TEXT the system prompt contains (those first).
 
+The Message Batches endpoints (``/v1/messages/batches``, eventgate_dev/fake_batches.py)
+answer each request as ``/v1/messages`` would, after ``batch_delay`` seconds, with their own
+faults (``batch_expire_first``, ``batch_error_rate``); ``/_fake/stats`` counts them.
+
     python -m eventgate_dev.fake_anthropic --port 8787 --latency 0.2 \
-        [--persona claude-haiku-4-5=enum:last,vary:0.2] [--persona "system:v2=tool:none"]
+        [--persona claude-haiku-4-5=enum:last,vary:0.2] [--persona "system:v2=tool:none"] \
+        [--batch-delay 2 --batch-error-rate 0.1 --batch-expire-first 1]
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
+
+from eventgate_dev.fake_batches import FakeBatch, batch_routes
 
 
 @dataclass(frozen=True)
@@ -99,6 +106,12 @@ class FakeBehaviour:
     # model name, or "system:TEXT" (matched in the system prompt) → how it answers
     personas: dict[str, Persona] = field(default_factory=dict)
     _rngs: dict[Persona, random.Random] = field(default_factory=dict)
+    # Message Batches (eventgate_dev/fake_batches.py): seconds before a batch ends, the first
+    # n batches that expire, the share of a batch's requests that end errored.
+    batch_delay: float = 0.0
+    batch_expire_first: int = 0
+    batch_error_rate: float = 0.0
+    batches: dict[str, FakeBatch] = field(default_factory=dict)
 
     def persona_for(self, body: dict[str, Any]) -> Persona:
         system = repr(body.get("system") or "")
@@ -120,6 +133,24 @@ class FakeBehaviour:
         if self.fail_ratio and random.random() < self.fail_ratio:
             return random.choice(self.fail_statuses)
         return None
+
+    def answer(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The message answering a Messages API request ``body`` (faults aside)."""
+        persona = self.persona_for(body)
+        content = (self.responder(body) if self.responder else None) or default_answer(
+            body, persona, self.rng(persona)
+        )
+        uses_tool = any(block["type"] == "tool_use" for block in content)
+        return {
+            "id": f"msg_{uuid.uuid4().hex[:20]}",
+            "type": "message",
+            "role": "assistant",
+            "model": body["model"],
+            "content": content,
+            "stop_reason": "tool_use" if uses_tool else "end_turn",
+            "stop_sequence": None,
+            "usage": self.usage(body),
+        }
 
     def usage(self, body: dict[str, Any]) -> dict[str, int]:
         prefix = repr((body.get("system"), body.get("tools")))
@@ -223,23 +254,8 @@ def build_app(behaviour: FakeBehaviour) -> Starlette:
                     status_code=status,
                     headers={"request-id": request_id, "retry-after": "0"},
                 )
-            persona = behaviour.persona_for(body)
-            content = (
-                behaviour.responder(body) if behaviour.responder else None
-            ) or default_answer(body, persona, behaviour.rng(persona))
-            uses_tool = any(block["type"] == "tool_use" for block in content)
             return JSONResponse(
-                {
-                    "id": f"msg_{uuid.uuid4().hex[:20]}",
-                    "type": "message",
-                    "role": "assistant",
-                    "model": body["model"],
-                    "content": content,
-                    "stop_reason": "tool_use" if uses_tool else "end_turn",
-                    "stop_sequence": None,
-                    "usage": behaviour.usage(body),
-                },
-                headers={"request-id": request_id, **behaviour.headers},
+                behaviour.answer(body), headers={"request-id": request_id, **behaviour.headers}
             )
         finally:
             behaviour.in_flight -= 1
@@ -247,7 +263,9 @@ def build_app(behaviour: FakeBehaviour) -> Starlette:
     async def stats(request: Request) -> JSONResponse:
         """For benchmarks running the fake as a process: what it has seen, with the wall-clock
         times (``time.time()``) of the first and the last request received at or after
-        ``?since=`` (a ``time.time()`` value; all requests without it; null if none)."""
+        ``?since=`` (a ``time.time()`` value; all requests without it; null if none).
+        ``requests`` counts /v1/messages only; ``batches`` and ``batch_requests`` the
+        Message Batches created and the requests in them (``since`` does not apply)."""
         to_wall = time.time() - time.monotonic()
         try:
             since = float(request.query_params.get("since", "0"))
@@ -262,12 +280,15 @@ def build_app(behaviour: FakeBehaviour) -> Starlette:
                 "max_in_flight": behaviour.max_in_flight,
                 "first_at": times[0] if times else None,
                 "last_at": times[-1] if times else None,
+                "batches": len(behaviour.batches),
+                "batch_requests": sum(len(b.results) for b in behaviour.batches.values()),
             }
         )
 
     return Starlette(
         routes=[
             Route("/v1/messages", messages, methods=["POST"]),
+            *batch_routes(behaviour),
             Route("/_fake/stats", stats, methods=["GET"]),
         ]
     )
@@ -333,12 +354,40 @@ def main() -> None:
         metavar="MODEL=SPEC",
         help="how MODEL (or system:TEXT) answers: tool:NAME|none,enum:first|last,vary:0.2",
     )
+    parser.add_argument(
+        "--batch-delay",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="Message Batches: seconds before a batch ends (default 0: at once)",
+    )
+    parser.add_argument(
+        "--batch-expire-first",
+        type=int,
+        default=0,
+        metavar="N",
+        help="Message Batches: the first N batches end with every request expired",
+    )
+    parser.add_argument(
+        "--batch-error-rate",
+        type=float,
+        default=0.0,
+        metavar="SHARE",
+        help="Message Batches: this exact share of a batch's requests end errored (by position)",
+    )
     args = parser.parse_args()
     personas = {}
     for item in args.persona:
         key, _, spec = item.partition("=")
         personas[key] = Persona.parse(spec)
-    behaviour = FakeBehaviour(latency=args.latency, jitter=args.jitter, personas=personas)
+    behaviour = FakeBehaviour(
+        latency=args.latency,
+        jitter=args.jitter,
+        personas=personas,
+        batch_delay=args.batch_delay,
+        batch_expire_first=args.batch_expire_first,
+        batch_error_rate=args.batch_error_rate,
+    )
     config = uvicorn.Config(
         build_app(behaviour), host=args.host, port=args.port, log_level="warning"
     )

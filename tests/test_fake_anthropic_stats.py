@@ -22,6 +22,8 @@ def test_stats_count_requests(fake_claude: FakeAnthropicServer) -> None:
             "max_in_flight": 0,
             "first_at": None,
             "last_at": None,
+            "batches": 0,
+            "batch_requests": 0,
         }
         before = time.time()
         assert client.post("/v1/messages", json=request).status_code == 200
@@ -29,7 +31,13 @@ def test_stats_count_requests(fake_claude: FakeAnthropicServer) -> None:
         after = time.time()
         stats = client.get("/_fake/stats").json()
         first, last = stats.pop("first_at"), stats.pop("last_at")
-        assert stats == {"requests": 2, "in_flight": 0, "max_in_flight": 1}
+        assert stats == {
+            "requests": 2,
+            "in_flight": 0,
+            "max_in_flight": 1,
+            "batches": 0,
+            "batch_requests": 0,
+        }
         assert before - 0.01 <= first <= last <= after + 0.01
         later = client.get("/_fake/stats", params={"since": after + 0.01}).json()
         assert (later["requests"], later["first_at"], later["last_at"]) == (2, None, None)

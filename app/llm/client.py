@@ -52,7 +52,8 @@ class ClaudeRequest:
     max_tokens: int
 
     def as_api(self) -> dict[str, Any]:
-        """The request body as sent (for token estimates and the prompt hash)."""
+        """The request body as sent (for token estimates and the prompt hash; also a Message
+        Batches request's ``params``)."""
         return {
             "model": self.model,
             "system": self.system,
@@ -132,63 +133,91 @@ class ClaudeClient:
             # The JSON as sent, not the SDK's models: the reply is kept as plain dicts anyway,
             # and building and dumping the models cost more CPU than the rest of the call.
             body = await raw.read()
-        except anthropic.APIStatusError as exc:
-            status = exc.status_code
-            raise ClaudeError(
-                _status_message(exc),
-                error_type=type(exc).__name__,
-                retryable=status in RETRYABLE_STATUS or status >= 500,
-                status=status,
-                request_id=_request_id(exc.response.headers),
-                retry_after=_retry_after(exc.response.headers),
-                latency_ms=_ms(started),
-            ) from exc
-        except anthropic.APITimeoutError as exc:
-            raise ClaudeError(
-                "request timed out",
-                error_type="APITimeoutError",
-                retryable=True,
-                latency_ms=_ms(started),
-            ) from exc
-        except anthropic.APIConnectionError as exc:
-            raise ClaudeError(
-                f"connection failed: {exc}",
-                error_type="APIConnectionError",
-                retryable=True,
-                latency_ms=_ms(started),
-            ) from exc
+        except (anthropic.APIStatusError, anthropic.APIConnectionError) as exc:
+            raise error_from_sdk(exc, started=started) from exc
         try:
             message = orjson.loads(body)
         except orjson.JSONDecodeError:
             message = None  # a proxy's error page, an empty or cut-off body
-        content = message.get("content") if isinstance(message, dict) else None
-        if not isinstance(content, list) or not all(isinstance(b, dict) for b in content):
-            # A proxy's error page or a broken reply: nothing was decided; tried again.
-            raise ClaudeError(
-                "the reply is not a Messages API message",
-                error_type="MalformedReply",
-                retryable=True,
-                request_id=_request_id(raw.headers),
-                latency_ms=_ms(started),
-            )
-        usage = message.get("usage")
-        usage = usage if isinstance(usage, dict) else {}
-        return ClaudeReply(
-            model=_short(message.get("model"), MAX_MODEL) or request.model,
+        return reply_from_message(
+            message,
+            request_model=request.model,
             request_id=_request_id(raw.headers),
-            stop_reason=_short(message.get("stop_reason"), MAX_STOP_REASON),
-            content=[_without_nulls(block) for block in content],
-            latency_ms=_ms(started),
-            input_tokens=_count(usage.get("input_tokens")),
-            output_tokens=_count(usage.get("output_tokens")),
-            cache_creation_input_tokens=_count(usage.get("cache_creation_input_tokens")),
-            cache_read_input_tokens=_count(usage.get("cache_read_input_tokens")),
             headers={
                 k: v
                 for k, v in raw.headers.items()
                 if k.startswith("anthropic-ratelimit-") or k == "retry-after"
             },
+            latency_ms=_ms(started),
         )
+
+
+def error_from_sdk(
+    exc: anthropic.APIStatusError | anthropic.APIConnectionError, *, started: float
+) -> ClaudeError:
+    """The ``ClaudeError`` for an SDK error (a status, a timeout, a failed connection),
+    retryable or not as the module docstring says."""
+    if isinstance(exc, anthropic.APIStatusError):
+        status = exc.status_code
+        return ClaudeError(
+            _status_message(exc),
+            error_type=type(exc).__name__,
+            retryable=status in RETRYABLE_STATUS or status >= 500,
+            status=status,
+            request_id=_request_id(exc.response.headers),
+            retry_after=_retry_after(exc.response.headers),
+            latency_ms=_ms(started),
+        )
+    if isinstance(exc, anthropic.APITimeoutError):
+        return ClaudeError(
+            "request timed out",
+            error_type="APITimeoutError",
+            retryable=True,
+            latency_ms=_ms(started),
+        )
+    return ClaudeError(
+        f"connection failed: {exc}",
+        error_type="APIConnectionError",
+        retryable=True,
+        latency_ms=_ms(started),
+    )
+
+
+def reply_from_message(
+    message: Any,
+    *,
+    request_model: str,
+    request_id: str | None,
+    headers: dict[str, str],
+    latency_ms: float,
+) -> ClaudeReply:
+    """A Messages API ``message`` (parsed JSON) as the gateway keeps it: every field bounded
+    and typed, so a broken or hostile reply cannot make its decision unstorable. Raises a
+    retryable ``ClaudeError`` (``MalformedReply``) when it is not a message at all."""
+    content = message.get("content") if isinstance(message, dict) else None
+    if not isinstance(content, list) or not all(isinstance(b, dict) for b in content):
+        # A proxy's error page or a broken reply: nothing was decided; tried again.
+        raise ClaudeError(
+            "the reply is not a Messages API message",
+            error_type="MalformedReply",
+            retryable=True,
+            request_id=request_id,
+            latency_ms=latency_ms,
+        )
+    usage = message.get("usage")
+    usage = usage if isinstance(usage, dict) else {}
+    return ClaudeReply(
+        model=_short(message.get("model"), MAX_MODEL) or request_model,
+        request_id=request_id,
+        stop_reason=_short(message.get("stop_reason"), MAX_STOP_REASON),
+        content=[_without_nulls(block) for block in content],
+        latency_ms=latency_ms,
+        input_tokens=_count(usage.get("input_tokens")),
+        output_tokens=_count(usage.get("output_tokens")),
+        cache_creation_input_tokens=_count(usage.get("cache_creation_input_tokens")),
+        cache_read_input_tokens=_count(usage.get("cache_read_input_tokens")),
+        headers=headers,
+    )
 
 
 def _without_nulls(block: dict[str, Any]) -> dict[str, Any]:

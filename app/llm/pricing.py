@@ -2,7 +2,8 @@
 
 Cache writes and cache reads have their own prices: a repeated pipeline whose system prompt
 and tools are cached pays the cache-read price for that prefix. ``config.models.<m>.price``
-overrides the built-in table; a model found in neither costs 0.0 and is logged once.
+overrides the built-in table; a model found in neither costs 0.0 and is logged once. A call
+made through the Message Batches API costs half (``batch=True``).
 """
 
 from __future__ import annotations
@@ -54,6 +55,12 @@ DEFAULT_PRICES: dict[str, Price] = {
     "claude-3-5-haiku": Price(0.80, 4.0, 1.0, 0.08),
 }
 
+# The Message Batches API bills 50% of the standard price, input and output alike: its batch
+# prices are half the standard ones (https://docs.anthropic.com/en/docs/build-with-claude/
+# batch-processing, "Pricing"). Cache writes and reads are multiples of the input price, so
+# they are halved with it.
+BATCH_DISCOUNT = 0.5
+
 
 class PriceTable:
     def __init__(self, prices: dict[str, Price]) -> None:
@@ -77,7 +84,7 @@ class PriceTable:
                 return price
         return None
 
-    def cost_usd(self, model: str, usage: Usage) -> float:
+    def cost_usd(self, model: str, usage: Usage, *, batch: bool = False) -> float:
         price = self.price_of(model)
         if price is None:
             if model not in self._unknown:
@@ -90,6 +97,8 @@ class PriceTable:
             + usage.cache_creation_input_tokens * price.cache_write
             + usage.cache_read_input_tokens * price.cache_read
         )
+        if batch:
+            micro *= BATCH_DISCOUNT
         return round(micro / 1_000_000, 8)
 
 
