@@ -104,6 +104,16 @@ class WindowConfig(_Strict):
     max_events: int = Field(default=100, ge=1, le=1_000)
 
 
+class BatchLaneConfig(_Strict):
+    """How a ``mode: batch`` pipeline groups its requests (``app/decide/batch_lane.py``): a
+    batch is sent once ``max_requests`` wait or the oldest has waited ``wait_seconds``."""
+
+    wait_seconds: float = Field(default=60, ge=0, le=86_400)
+    max_requests: int = Field(default=1_000, ge=1, le=10_000)
+    # How often the lane asks whether a sent batch has ended.
+    poll_seconds: float = Field(default=30, gt=0, le=3_600)
+
+
 class DigestOver(_Strict):
     """What a scheduled pipeline's digest covers: the stored events of the last ``hours``
     (of ``source``, or every source), at most ``max_events`` of them listed."""
@@ -130,6 +140,9 @@ class PipelineConfig(_Strict):
     escalate: EscalateConfig | None = None
     cache: CacheConfig | None = None
     window: WindowConfig | None = None
+    # ``batch``: decided through the Message Batches API (half the price, within 24 hours).
+    mode: Literal["live", "batch"] = "live"
+    batch: BatchLaneConfig | None = None
     # A scheduled digest (``app/schedule/digests.py``): cron, UTC; 5 fields, or 6 with seconds.
     schedule: str | None = None
     over: DigestOver | None = None
@@ -142,6 +155,12 @@ class PipelineConfig(_Strict):
             raise ValueError(f"schedule {self.schedule!r} is not a cron expression")
         if self.schedule is not None and self.window is not None:
             raise ValueError("a scheduled digest is one event per tick: it takes no 'window'")
+        if self.mode == "batch" and self.provider != "anthropic":
+            raise ValueError("mode 'batch' needs provider 'anthropic' (Bedrock has no batches)")
+        if self.mode == "batch" and self.escalate is not None:
+            raise ValueError("a 'mode: batch' pipeline cannot escalate (one call per event)")
+        if self.batch is not None and self.mode != "batch":
+            raise ValueError("'batch' settings need 'mode: batch'")
         return self
 
 
@@ -279,6 +298,8 @@ def _escalation_rules(name: str, pipeline: Any, pipelines: dict[Any, Any]) -> li
         return [((*where, "to"), "a pipeline cannot escalate to itself")]
     if isinstance(target, str) and value_of(pipelines[target], "escalate") is not None:
         return [((*where, "to"), f"pipeline {target!r} escalates too: one step only")]
+    if isinstance(target, str) and value_of(pipelines[target], "mode") == "batch":
+        return [((*where, "to"), f"pipeline {target!r} is 'mode: batch': escalations are live")]
     offered = value_of(pipeline, "tools")
     if isinstance(tool, str) and isinstance(offered, list) and tool not in offered:
         return [((*where, "when_tool"), f"{tool!r} is not one of this pipeline's tools")]

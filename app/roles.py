@@ -31,6 +31,7 @@ from app.admin.service import AdminService
 from app.config import GatewayConfig
 from app.console.access import ConsoleAccess
 from app.console.glance import HealthGlance
+from app.decide.batch_lane import BatchLane
 from app.decide.processor import EventProcessor
 from app.decide.wiring import (
     bedrock_client,
@@ -46,6 +47,7 @@ from app.ingest.budget import BodyBudget
 from app.ingest.collapse import AlertCollapser
 from app.ingest.router import WebhookEntry
 from app.ingest.service import IngestService
+from app.llm.batches import BatchClient
 from app.llm.breaker import CircuitBreaker
 from app.llm.budget import BudgetLedger
 from app.llm.client import ClaudeClient
@@ -239,7 +241,8 @@ async def _build_worker(shared: Shared, stack: AsyncExitStack) -> WorkerParts:
             max_failures=settings.max_deliveries,
             supervisor=shared.supervisor,
         )
-        processing = Processing(processor=processor, worker=worker, shadow=shadow)
+        lane = _build_batch_lane(shared, clients, processor)
+        processing = Processing(processor=processor, worker=worker, shadow=shadow, lane=lane)
     else:
         log.warning("llm_not_configured", detail="set ANTHROPIC_API_KEY; events stay queued")
     configured = processing is not None
@@ -287,6 +290,29 @@ async def _build_relay(shared: Shared, stack: AsyncExitStack, *, owner: str) -> 
         poll_seconds=settings.relay_poll_seconds,
         batch_concurrency=settings.relay_batch_concurrency,
     )
+
+
+def _build_batch_lane(
+    shared: Shared, clients: dict[str, ClaudeClient], processor: EventProcessor
+) -> BatchLane | None:
+    """The batch lane, when a pipeline has ``mode: batch``: over the Anthropic client (the
+    config refuses ``mode: batch`` on Bedrock)."""
+    if not any(p.mode == "batch" for p in shared.config.pipelines.values()):
+        return None
+    claude = clients.get("anthropic")
+    if claude is None:
+        log.warning(
+            "batch_lane_unavailable", detail="no Anthropic client: batch pipelines are live"
+        )
+        return None
+    lane = BatchLane(
+        config=shared.config,
+        processor=processor,
+        client=BatchClient.sharing(claude),
+        sessions=shared.sessions,
+    )
+    processor.batch_lane = lane
+    return lane
 
 
 def _build_shadow(
@@ -354,6 +380,8 @@ def start(running: Running) -> None:
             running.worker.processing.processor.window_closed = closer.flush
         supervisor.start("windows", closer.run)
     if running.worker.processing is not None:
+        if running.worker.processing.lane is not None:
+            supervisor.start("batch-lane", running.worker.processing.lane.run)
         running.worker.processing.worker.start()
     if running.worker.relay is not None:
         supervisor.start("relay", running.worker.relay.run)

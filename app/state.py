@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from app.admin.deps import AdminAccess
 from app.config import GatewayConfig
 from app.console.access import ConsoleAccess
+from app.decide.batch_lane import BatchLane
 from app.decide.processor import EventProcessor
 from app.evaluate.shadow import ShadowRunner
 from app.ingest.router import WebhookEntry
@@ -59,6 +60,7 @@ class Processing:
     processor: EventProcessor
     worker: QueueWorker
     shadow: ShadowRunner | None = None  # shadow candidates, when a pipeline has any
+    lane: BatchLane | None = None  # the batch lane, when a pipeline has ``mode: batch``
 
 
 @dataclass

@@ -158,8 +158,8 @@ def database_url(_postgres_database: str | None, tmp_path: Path) -> Iterator[str
         async with engine.begin() as conn:
             await conn.execute(
                 text(
-                    "TRUNCATE outbox, llm_calls, dead_letters, shadow_decisions, windows, events"
-                    " RESTART IDENTITY CASCADE"
+                    "TRUNCATE outbox, llm_calls, dead_letters, shadow_decisions, windows,"
+                    " batch_requests, events RESTART IDENTITY CASCADE"
                 )
             )
         await engine.dispose()

@@ -76,6 +76,8 @@ class EventDetail(EventSummary):
     # The window the event was decided in (a ``windowed`` event), or that it stands for (an
     # event of source ``window``): its bounds, and the event that decided it.
     window: dict[str, Any] | None = None
+    # Its requests through the Message Batches API (a ``mode: batch`` pipeline), oldest first.
+    batch: list[dict[str, Any]] = []
 
 
 class ReplayAccepted(BaseModel):

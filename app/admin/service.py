@@ -49,6 +49,7 @@ from app.faults import REDIS_ERRORS
 from app.queue.requeue import requeue_event
 from app.queue.streams import EventQueue
 from app.source_config import SourceConfig
+from app.store import batches
 from app.store.models import EventRow, ShadowDecisionRow, WindowRow, utcnow
 from app.store.repository import (
     DeadLetterRepository,
@@ -93,8 +94,13 @@ class AdminService:
                 .order_by(ShadowDecisionRow.id)
             )
             window = await _window_of(session, row)
+            batch = [
+                views.columns(r, exclude=frozenset({"request", "reply"}))
+                for r in await batches.of_event(session, event_id)
+            ]
         return EventDetail(
             window=window,
+            batch=batch,
             shadow=event_shadows(shadows.all()),
             **views.summary(row).model_dump(),
             delivery_id=row.delivery_id,

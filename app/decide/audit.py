@@ -28,8 +28,8 @@ class AuditRecorder:
         self.prices = prices
         self.text_mode = text_mode
 
-    def cost_usd(self, reply: ClaudeReply) -> float:
-        return self.prices.cost_usd(reply.model, usage_of(reply))
+    def cost_usd(self, reply: ClaudeReply, *, batch: bool = False) -> float:
+        return self.prices.cost_usd(reply.model, usage_of(reply), batch=batch)
 
     def started_row(
         self,
@@ -62,8 +62,9 @@ class AuditRecorder:
         )
 
     def reply_outcome(
-        self, reply: ClaudeReply, *, status: str, error: str | None
+        self, reply: ClaudeReply, *, status: str, error: str | None, batch: bool = False
     ) -> dict[str, Any]:
+        """``batch``: the reply came through the Message Batches API, priced at its rate."""
         return _outcome(
             model=reply.model,
             status=status,
@@ -78,7 +79,7 @@ class AuditRecorder:
                 {"name": u.get("name"), "input": u.get("input")} for u in reply.tool_uses()
             ],
             error=error,
-            cost_usd=self.cost_usd(reply),
+            cost_usd=self.cost_usd(reply, batch=batch),
             response_text=audit_text(self.text_mode, reply.content),
         )
 

@@ -81,6 +81,12 @@ AfterDecided = Callable[[Event, Sequence[OutboxRow], Answer], None]
 WindowClosed = Callable[[str, str], Awaitable[None]]
 
 
+class BatchParking(Protocol):
+    """Where a ``mode: batch`` pipeline's requests wait for a batch (``batch_lane.py``)."""
+
+    async def park(self, event: Event, request: ClaudeRequest) -> None: ...
+
+
 class EventProcessor:
     def __init__(
         self,
@@ -114,6 +120,8 @@ class EventProcessor:
         # Enqueues the events of a key's closed windows (without it, the closer's next
         # round does, within a second).
         self.window_closed = window_closed
+        # The batch lane, when a pipeline has ``mode: batch`` (without it they are live).
+        self.batch_lane: BatchParking | None = None
         # (event id, generation, lease epoch) whose last try met an unreachable dependency
         self._waiting: dict[tuple[str, int, int], bool] = {}
         self.source_types = {name: source.type for name, source in config.sources.items()}
@@ -230,6 +238,10 @@ class EventProcessor:
             and not fresh
             and await self._from_cache(event, request, first_attempt, epoch, log_)
         ):
+            return
+        if pipeline.mode == "batch" and self.batch_lane is not None:
+            await self.batch_lane.park(event, request)
+            log_.info("event_parked_for_batch", pipeline=event.pipeline)
             return
         escalated = False
         try:
@@ -386,8 +398,38 @@ class EventProcessor:
         )
         await self.trail.complete(result.call_id, outcome)
 
+    async def store_batch_answer(
+        self,
+        event: Event,
+        *,
+        reply: ClaudeReply,
+        call_id: str,
+        epoch: int,
+        request: ClaudeRequest,
+    ) -> None:
+        """A reply of the Message Batches API decides ``event`` as a call's would (checked,
+        stored with its outbox rows, or refused), priced at the batch rate; no repair turn.
+        A pipeline with a response cache keeps it for the same prompt."""
+        check = self._check_reply(event, reply)
+        cost = self.trail.recorder.cost_usd(reply, batch=True)
+        answer = CachedAnswer(reply=reply, call_id=call_id, cost_usd=cost)
+        log_ = log.bind(event_id=event.id, source=event.source, group_key=event.group_key)
+        await self._store(event, result=answer, check=check, epoch=epoch, log_=log_, batch=True)
+        pipeline = self.config.pipelines[event.pipeline]
+        keep = not (check.problems() or reply.stop_reason in NO_PUBLISH_STOPS)
+        if keep and pipeline.cache is not None and self.cache is not None:
+            ttl = pipeline.cache.ttl_seconds
+            await self.cache.put(event.pipeline, request, reply, ttl_seconds=ttl)
+
     async def _store(
-        self, event: Event, *, result: Answer, check: ToolCheck, epoch: int, log_: Any
+        self,
+        event: Event,
+        *,
+        result: Answer,
+        check: ToolCheck,
+        epoch: int,
+        log_: Any,
+        batch: bool = False,
     ) -> None:
         reply = result.reply
         accepted, problems, notes = check.accepted, check.problems(), check.notes()
@@ -396,7 +438,7 @@ class EventProcessor:
             accepted, problems = [], []
         status = LlmCallStatus.INVALID_TOOL_INPUT if problems else LlmCallStatus.OK
         outcome = self.trail.recorder.reply_outcome(
-            reply, status=status, error="; ".join(problems + notes) or None
+            reply, status=status, error="; ".join(problems + notes) or None, batch=batch
         )
         rows = [
             outbox_row(

@@ -61,6 +61,12 @@ WINDOWS_CLOSED = Counter(
     "Windows closed, by the time they were open for (time) or by their last event (count)",
     ["pipeline", "reason"],
 )
+BATCH_REQUESTS = Counter(
+    "eventgate_batch_requests_total",
+    "Requests of mode: batch pipelines, by what came of them (submitted, succeeded, errored,"
+    " expired, canceled)",
+    ["pipeline", "outcome"],
+)
 SHADOW_DECISIONS = Counter(
     "eventgate_shadow_decisions_total",
     "Shadow candidates' decisions of live events by agreement with the live one "

@@ -85,6 +85,50 @@ class EventRow(Base):
     window_position: Mapped[int | None] = mapped_column(Integer, default=None)
 
 
+class BatchRequestStatus:
+    """``pending``: waiting for a batch; ``submitting``: claimed by a process that is sending
+    it (``claimed_at``); ``submitted``: in batch ``batch_id``; ``answered``: its reply is
+    stored, waiting for its key's earlier requests; ``done``: decided, or dead-lettered."""
+
+    PENDING = "pending"
+    SUBMITTING = "submitting"
+    SUBMITTED = "submitted"
+    ANSWERED = "answered"
+    DONE = "done"
+
+
+class BatchRequestRow(Base):
+    """One event's Claude request through the Message Batches API (``app/decide/
+    batch_lane.py``, migration 0012): one per event and generation."""
+
+    __tablename__ = "batch_requests"
+    __table_args__ = (
+        UniqueConstraint("event_id", "generation", name="uq_batch_requests_event"),
+        Index("ix_batch_requests_status", "status"),
+        Index("ix_batch_requests_key", "pipeline", "group_key", "id"),
+    )
+
+    id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
+    event_id: Mapped[str] = mapped_column(String(64))
+    generation: Mapped[int] = mapped_column(Integer, default=0)
+    pipeline: Mapped[str] = mapped_column(String(64))
+    group_key: Mapped[str] = mapped_column(String(512))
+    status: Mapped[str] = mapped_column(String(16))
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    # The Messages API request as sent (``ClaudeRequest.as_api()``), redacted as the prompt is.
+    request: Mapped[dict[str, Any]] = mapped_column(JSON)
+    batch_id: Mapped[str | None] = mapped_column(String(100), default=None, index=True)
+    llm_call_id: Mapped[str | None] = mapped_column(String(64), default=None)
+    # The reply (``ClaudeReply`` fields) once the batch answered, until it is decided.
+    reply: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    error: Mapped[str | None] = mapped_column(FreeText, default=None)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    claimed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), default=None)
+    submitted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), default=None)
+
+
 class WindowStatus:
     """``open`` takes the key's events; ``closed`` (by time or count) takes no more and its
     event is to be enqueued; ``enqueued``: its event is on the stream (``event_id``)."""
@@ -176,6 +220,8 @@ class LlmCallRow(Base):
     response_text: Mapped[str | None] = mapped_column(FreeText, default=None)
     # Added by migration 0009: the decision came from the response cache (no call, no cost).
     cache_hit: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # Added by migration 0012: the Message Batches batch the attempt went in (``mode: batch``).
+    batch_id: Mapped[str | None] = mapped_column(String(100), default=None, index=True)
     # Added by migration 0006: ``live``, or a run that publishes nothing (CallPurpose).
     purpose: Mapped[str] = mapped_column(
         String(16), default="live", server_default="live", index=True

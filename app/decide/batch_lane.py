@@ -1,0 +1,344 @@
+"""The batch lane: a ``mode: batch`` pipeline's calls go through the Message Batches API, at
+half the price, answered within 24 hours instead of seconds.
+
+    pipelines:
+      nightly-review:
+        mode: batch
+        batch: {wait_seconds: 300, max_requests: 1000, poll_seconds: 60}
+        model: claude-sonnet-4-6
+        ...
+
+- The worker renders the event's request as for a live call and parks it (a row of
+  ``batch_requests``, ``app/store/batches.py``); the event stays ``processing`` and its
+  stream entry is acked. A response cache hit still decides it at once.
+- Each round of this loop, per pipeline: once ``max_requests`` wait or the oldest has waited
+  ``wait_seconds`` (and the pipeline's budget is not spent), the waiting requests are claimed,
+  each gets its audit row (outcome unknown), one batch is created and the rows and audit
+  rows get its id. Then every sent batch is asked whether it ended; an ended batch's replies
+  are stored on their requests and their audit rows completed, priced at the batch rate.
+- A request the batch did not answer (expired, errored, canceled) is sent again in a later
+  batch, up to ``MAX_ATTEMPTS`` in all; then its event is dead-lettered with the reason.
+  Creating a batch that the API refuses (4xx) counts as an attempt; one that cannot reach
+  the API does not, and the lane waits longer each time (up to ``MAX_BACKOFF_SECONDS``).
+- Answers are decided in per-key order: a request is decided only when every earlier one of
+  its pipeline and key is done (a retried request holds the key's later answers back), by
+  the processor's own store (checked, outbox rows and status in one transaction; refused and
+  unstorable answers dead-lettered), so publishing, ids and order are those of any event.
+- A process that dies with a claim held leaves it for ``claim_timeout_seconds``; then the
+  requests are sent again (a batch it created but did not record is paid for twice, and its
+  answers are never read: the decision is made once). Every process runs the lane; claims and
+  conditional updates keep two of them from sending or deciding a request twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import structlog
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from app.config import BatchLaneConfig, GatewayConfig
+from app.decide.processor import EventProcessor
+from app.decide.windows import member_event
+from app.events import Event, EventStatus
+from app.faults import LeaseLost, dependency_unavailable
+from app.llm.attempts import Attempt
+from app.llm.batches import BatchClient, BatchFailure
+from app.llm.breaker import BreakerState
+from app.llm.client import ClaudeError, ClaudeReply, ClaudeRequest
+from app.observability.metrics import BATCH_REQUESTS
+from app.store import batches
+from app.store.dead_letters import DeadLetters
+from app.store.models import BatchRequestRow, BatchRequestStatus, EventRow, LlmCallStatus
+from app.store.repository import OutboxRepository
+from app.store.windows import as_utc
+
+log = structlog.get_logger(__name__)
+MAX_ATTEMPTS = 3
+MAX_BACKOFF_SECONDS = 300.0
+ROUND_SECONDS = 1.0
+DEFAULTS = BatchLaneConfig()
+UNDECIDED = frozenset({EventStatus.PROCESSING})
+
+
+def custom_id(row: BatchRequestRow) -> str:
+    """The request's id within its batch: the row and the attempt (each attempt is sent once)."""
+    return f"r{row.id}-a{row.attempts}"
+
+
+def _request(data: dict[str, Any]) -> ClaudeRequest:
+    return ClaudeRequest(
+        model=str(data["model"]),
+        system=list(data["system"]),
+        tools=list(data["tools"]),
+        messages=list(data["messages"]),
+        max_tokens=int(data["max_tokens"]),
+    )
+
+
+class BatchLane:
+    def __init__(
+        self,
+        *,
+        config: GatewayConfig,
+        processor: EventProcessor,
+        client: BatchClient,
+        sessions: async_sessionmaker[AsyncSession],
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        claim_timeout_seconds: float = 600.0,
+    ) -> None:
+        self.config = config
+        self.processor = processor
+        self.client = client
+        self.sessions = sessions
+        self.clock = clock
+        self.sleep = sleep
+        self.claim_timeout = timedelta(seconds=claim_timeout_seconds)
+        self.dead_letters = DeadLetters(sessions=sessions)
+        self.pipelines = {n: p for n, p in config.pipelines.items() if p.mode == "batch"}
+        self._backoff = 0.0
+        self._next_poll: dict[str, datetime] = {}
+
+    async def park(self, event: Event, request: ClaudeRequest) -> None:
+        async with self.sessions() as session:
+            await batches.park(
+                session,
+                event_id=event.id,
+                generation=event.generation,
+                pipeline=event.pipeline,
+                group_key=event.group_key,
+                request=request.as_api(),
+                now=self.clock(),
+            )
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.round()
+            except Exception as exc:
+                if not dependency_unavailable(exc):
+                    raise  # the supervisor logs it and restarts the loop
+                log.warning("batch_round_failed", error=type(exc).__name__)
+            await self.sleep(ROUND_SECONDS + self._backoff)
+
+    async def round(self) -> None:
+        """Send what is due, read what ended, decide what may be decided."""
+        async with self.sessions() as session:
+            released = await batches.release_stale_claims(
+                session, before=self.clock() - self.claim_timeout
+            )
+        if released:
+            log.warning("batch_claims_released", requests=released)
+        for name in self.pipelines:
+            await self._send(name)
+        await self._read()
+        await self._decide()
+
+    def _settings(self, name: str) -> BatchLaneConfig:
+        return self.pipelines[name].batch or DEFAULTS
+
+    async def _send(self, name: str) -> None:
+        settings, now = self._settings(name), self.clock()
+        async with self.sessions() as session:
+            waiting, oldest = await batches.pending_stats(session, name)
+        if not waiting or (
+            waiting < settings.max_requests
+            and oldest is not None
+            and now - as_utc(oldest) < timedelta(seconds=settings.wait_seconds)
+        ):
+            return
+        budget = self.pipelines[name].budget
+        if budget is not None:
+            status = await self.processor.caller.budgets.status(name, budget)
+            if status.exhausted:
+                log.warning("batch_held_budget_exhausted", pipeline=name)
+                return
+        async with self.sessions() as session:
+            rows = await batches.claim_pending(
+                session, pipeline=name, limit=settings.max_requests, now=now
+            )
+        if rows:
+            await self._create(name, rows)
+
+    async def _create(self, name: str, rows: Sequence[BatchRequestRow]) -> None:
+        trail = self.processor.trail
+        call_ids: dict[int, str] = {}
+        attempts: dict[int, Attempt] = {}
+        requests: list[tuple[str, ClaudeRequest]] = []
+        for row in rows:
+            request = _request(row.request)
+            attempt = Attempt(
+                row.attempts,
+                "anthropic",
+                request,
+                BreakerState.CLOSED,
+                "batch" if row.attempts == 1 else f"batch: sent again ({row.error})"[:200],
+            )
+            call_ids[row.id] = await trail.begin(_audit_event(row), attempt)
+            attempts[row.id] = attempt
+            requests.append((custom_id(row), request))
+        try:
+            batch_id = await self.client.submit(requests)
+        except ClaudeError as exc:
+            counted = not exc.retryable
+            for row_id, call_id in call_ids.items():
+                outcome = trail.recorder.failure_outcome(attempts[row_id], exc)
+                await trail.complete(call_id, outcome | {"error": f"batch not created: {exc}"})
+            async with self.sessions() as session:
+                await batches.give_back(session, [row.id for row in rows], counted=counted)
+            self._backoff = min(max(self._backoff * 2, 1.0), MAX_BACKOFF_SECONDS)
+            log.warning("batch_not_created", pipeline=name, error=str(exc), retry_in=self._backoff)
+            return
+        self._backoff = 0.0
+        async with self.sessions() as session:
+            await batches.mark_submitted(
+                session, rows, batch_id=batch_id, call_ids=call_ids, now=self.clock()
+            )
+        BATCH_REQUESTS.labels(pipeline=name, outcome="submitted").inc(len(rows))
+        log.info("batch_created", pipeline=name, batch_id=batch_id, requests=len(rows))
+
+    async def _read(self) -> None:
+        async with self.sessions() as session:
+            sent = await batches.submitted_batches(session)
+        now = self.clock()
+        for batch_id in sent:
+            if self._next_poll.get(batch_id, now) > now:
+                continue
+            status = await self.client.status(batch_id)
+            if not status.ended:
+                async with self.sessions() as session:
+                    rows = await batches.in_batch(session, batch_id)
+                name = rows[0].pipeline if rows else ""
+                poll = (
+                    (self.pipelines[name].batch or DEFAULTS) if name in self.pipelines else DEFAULTS
+                )
+                self._next_poll[batch_id] = now + timedelta(seconds=poll.poll_seconds)
+                continue
+            self._next_poll.pop(batch_id, None)
+            results = await self.client.results(batch_id)
+            async with self.sessions() as session:
+                rows = await batches.in_batch(session, batch_id)
+            for row in rows:
+                await self._outcome(row, results.get(custom_id(row)))
+
+    async def _outcome(
+        self, row: BatchRequestRow, result: ClaudeReply | BatchFailure | None
+    ) -> None:
+        trail = self.processor.trail
+        if isinstance(result, ClaudeReply):
+            outcome = trail.recorder.reply_outcome(
+                result, status=LlmCallStatus.OK, error=None, batch=True
+            )
+            async with self.sessions() as session:
+                if await batches.set_outcome(
+                    session,
+                    row.id,
+                    status=BatchRequestStatus.ANSWERED,
+                    reply=dataclasses.asdict(result),
+                ):
+                    await session.commit()
+                    if row.llm_call_id is not None:
+                        await trail.complete(row.llm_call_id, outcome)
+            BATCH_REQUESTS.labels(pipeline=row.pipeline, outcome="succeeded").inc()
+            return
+        kind = result.kind if result is not None else "errored"
+        detail = result.detail if result is not None else "the batch's results left it out"
+        reason = f"batch {row.batch_id}: {kind}: {detail}"[:1000]
+        again = row.attempts < MAX_ATTEMPTS
+        async with self.sessions() as session:
+            changed = await batches.set_outcome(
+                session,
+                row.id,
+                status=BatchRequestStatus.PENDING if again else BatchRequestStatus.DONE,
+                error=reason,
+            )
+            await session.commit()
+        if not changed:
+            return
+        BATCH_REQUESTS.labels(pipeline=row.pipeline, outcome=kind).inc()
+        if row.llm_call_id is not None:
+            failure = ClaudeError(reason, error_type=f"Batch{kind.title()}", retryable=again)
+            attempt = Attempt(row.attempts, "anthropic", _request(row.request), BreakerState.CLOSED)
+            await trail.complete(row.llm_call_id, trail.recorder.failure_outcome(attempt, failure))
+        if not again:
+            await self.dead_letters.add(
+                row.event_id,
+                stage="llm",
+                reason=f"no answer after {row.attempts} batch attempts; last: {reason}",
+                epoch=await self._fence(row.event_id),
+            )
+        log.warning("batch_request_failed", event_id=row.event_id, reason=reason, again=again)
+
+    async def _decide(self) -> None:
+        while True:
+            async with self.sessions() as session:
+                rows = await batches.decidable(session, limit=100)
+            if not rows:
+                return
+            for row in rows:
+                await self._decide_one(row)
+
+    async def _decide_one(self, row: BatchRequestRow) -> None:
+        now = self.clock()
+        async with self.sessions() as session:
+            if not await batches.claim_answered(
+                session, row.id, now=now, stale=now - self.claim_timeout
+            ):
+                return  # another process is deciding it
+            stored = await session.get(EventRow, row.event_id)
+            decided = stored is not None and (
+                stored.status not in UNDECIDED
+                or await OutboxRepository(session).for_event(
+                    row.event_id, generation=row.generation
+                )
+            )
+        if stored is None or row.reply is None or row.llm_call_id is None or decided:
+            # Decided already (by a process that died before it marked the request done).
+            async with self.sessions() as session:
+                await batches.finish(session, row.id, error=None if decided else "event gone")
+            return
+        source = self.config.sources.get(stored.source)
+        event = member_event(stored, source).model_copy(update={"generation": row.generation})
+        reply = ClaudeReply(**row.reply)
+        error = None
+        try:
+            await self.processor.store_batch_answer(
+                event,
+                reply=reply,
+                call_id=row.llm_call_id,
+                epoch=stored.fence,
+                request=_request(row.request),
+            )
+        except LeaseLost as exc:
+            error = f"superseded: {exc}"
+        await self.processor.caller.budgets.charge(
+            row.pipeline,
+            tokens=reply.input_tokens + reply.output_tokens,
+            cost_usd=self.processor.trail.recorder.cost_usd(reply, batch=True),
+        )
+        async with self.sessions() as session:
+            await batches.finish(session, row.id, error=error)
+
+    async def _fence(self, event_id: str) -> int:
+        async with self.sessions() as session:
+            stored = await session.get(EventRow, event_id)
+        return stored.fence if stored is not None else 0
+
+
+def _audit_event(row: BatchRequestRow) -> Event:
+    """Enough of the event for its audit row (id and pipeline)."""
+    return Event(
+        id=row.event_id,
+        source="",
+        type="",
+        group_key=row.group_key,
+        delivery_id="",
+        pipeline=row.pipeline,
+        received_at=datetime.now(UTC),
+        payload=None,
+    )
