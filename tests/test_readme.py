@@ -14,6 +14,7 @@ import typer
 from typer.testing import CliRunner
 
 from app.cli import app as cli
+from app.config import parse_config
 from app.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -70,6 +71,37 @@ def test_the_readme_config_example_passes_check_config(tmp_path: Path) -> None:
     assert result.stderr == ""  # no warning either (an unknown model would be one)
     for name in ("github", "alerts", "sensors"):
         assert f"  {name}: type " in result.stdout
+
+
+def test_the_context_options_example_passes_check_config(tmp_path: Path) -> None:
+    text = section(README.read_text(), "Context across events")
+    (example,) = re.findall(r"^```yaml\n(.*?)^```", text, re.S | re.M)
+    path = tmp_path / "eventgate.yaml"
+    path.write_text(example)
+    env = {"ALERTMANAGER_TOKEN": "whsec_" + base64.b64encode(b"k" * 32).decode()}
+
+    result = CliRunner().invoke(cli, ["check-config", "--config", str(path)], env=env)
+
+    assert result.exit_code == 0, result.output
+    assert result.stderr == ""
+    config = parse_config(example.replace("${ALERTMANAGER_TOKEN}", env["ALERTMANAGER_TOKEN"]))
+    options = {
+        name: {
+            key
+            for key in ("history", "window", "batch", "escalate", "cache", "schedule")
+            if getattr(p, key) is not None
+        }
+        for name, p in config.pipelines.items()
+    }
+    assert set().union(*options.values()) == {
+        "history",
+        "window",
+        "batch",
+        "escalate",
+        "cache",
+        "schedule",
+    }
+    assert config.pipelines["nightly"].mode == "batch"
 
 
 # --- (b) every setting in the reference, with its default ---------------------------------
