@@ -19,7 +19,7 @@ from app.admin.service import AdminService
 from app.console.session import SESSION_SECONDS, SessionSigner
 from app.queue.streams import EventQueue
 from app.store.db import create_engine, session_factory
-from app.store.models import DeadLetterRow, EventRow
+from app.store.models import DeadLetterRow, EventRow, WindowRow
 from tests.console.conftest import ADMIN_TOKEN, GITHUB_SECRET, csrf_of, sign_in
 from tests.support import github_request, issue_payload
 
@@ -315,3 +315,41 @@ async def test_a_dead_letter_is_replayed_once_from_the_console(
         again = await client.post("/console/dead-letters/1/replay", data={"csrf": token})
         assert again.status_code == 409
         assert "already replayed" in again.text
+
+
+async def test_an_events_page_shows_its_window_and_links_the_event_that_decided_it(
+    inprocess_gateway: Any, sessions: async_sessionmaker[AsyncSession]
+) -> None:
+    member, decided = _events(1)[0], _events(2)[1]
+    member.status, member.window_id, member.window_position = "windowed", 1, 1
+    decided.id, decided.source, decided.status = "wn_decided", "window", "published"
+    async with sessions() as session:
+        session.add(
+            WindowRow(
+                id=1,
+                pipeline="triage",
+                group_key=member.group_key,
+                status="enqueued",
+                events=1,
+                first_event_id=member.id,
+                last_event_id=member.id,
+                opened_at=T0,
+                closes_at=T0,
+                closed_at=T0,
+                closed_by="time",
+                event_id="wn_decided",
+            )
+        )
+        session.add_all([member, decided])
+        await session.commit()
+    url = inprocess_gateway()
+    async with httpx.AsyncClient(base_url=url) as client:
+        form = await client.get("/console/sign-in")
+        await client.post(
+            "/console/sign-in", data={"token": ADMIN_TOKEN, "csrf": csrf_of(form.text)}
+        )
+        page = (await client.get(f"/console/events/{member.id}")).text
+        window = (await client.get("/console/events/wn_decided")).text
+    assert "Window 1" in page and "closed by time" in page
+    assert 'href="/console/events/wn_decided"' in page and "(published)" in page
+    assert f'href="/console/events/{member.id}"' in window
