@@ -111,8 +111,6 @@ def test_a_persona_with_when_calls_its_tool_only_for_prompts_containing_the_text
             critical = "event type: alert.firing\ngroup: db\nalert 1: severity=critical"
             warning = "event type: alert.firing\ngroup: disk\nalert 1: severity=warning"
             assert _ask(client, "triage", content=critical) == [("publishNotification", {})]
-            assert [name for name, _ in _ask(client, "triage", content=warning)] == [
-                "publishAlert"
-            ]
+            assert [name for name, _ in _ask(client, "triage", content=warning)] == ["publishAlert"]
     finally:
         server.stop()
