@@ -5,7 +5,8 @@ group, in the order Alertmanager would send them. Time runs in ticks of ``group_
 (5 minutes); a group sends when it changed in the last tick (an instance joins, or one
 resolves) and otherwise re-sends its unchanged state every ``repeat_interval`` (6 ticks, 30
 minutes), the way Alertmanager re-notifies a group that is still firing. A group's last
-delivery resolves every alert in it.
+delivery resolves every alert in it. Resolved alerts are sent once and then leave the group,
+as Alertmanager deletes them after notifying.
 
 Groups are ``group_by: [alertname, service]`` over ten services; a group's severity comes
 from its alert rule (a fifth of the rules are critical, the rest warning or info). Some rules
@@ -65,8 +66,10 @@ RULES = (
 @dataclass(frozen=True, slots=True)
 class Delivery:
     """One webhook delivery: when (ticks since the storm began), the group's key, the body,
-    and whether it re-sends the group's previous notification (no alert joined, resolved or
-    started since, so the gateway computes the same delivery id)."""
+    and whether it is a re-send at repeat_interval (no alert joined, resolved or started
+    since the group's previous notification). A re-send has the previous notification's
+    delivery id in the gateway unless that one carried resolved alerts: those are gone now,
+    only the firing set is the same."""
 
     tick: int
     group_key: str
@@ -127,13 +130,18 @@ class _Group:
             alert.ended_at = STARTED + GROUP_INTERVAL * tick - timedelta(seconds=30)
 
     def change(self, tick: int) -> None:
-        # Resolved alerts are sent once, then leave the group.
-        self.alerts = [a for a in self.alerts if a.ended_at is None]
         firing = len(self.alerts)
         if firing > 1 and self.rng.random() < 0.4:
             self.resolve(tick)
         else:
             self.join(tick)
+
+    def notify(self) -> dict[str, Any]:
+        """The notification's body; its resolved alerts then leave the group (Alertmanager
+        deletes them once they were sent)."""
+        body = self.payload()
+        self.alerts = [a for a in self.alerts if a.ended_at is None]
+        return body
 
     def payload(self) -> dict[str, Any]:
         alerts = [self._alert(a) for a in self.alerts]
@@ -188,7 +196,7 @@ def alert_storm(*, groups: int = 50, per_group: int = 10, seed: int = SEED) -> l
         tick = rng.randint(0, REPEAT_TICKS)
         group.start(tick)
         last_sent = tick
-        sent = [Delivery(tick, group.key, rule.severity, False, group.payload())]
+        sent = [Delivery(tick, group.key, rule.severity, False, group.notify())]
         while len(sent) < per_group:
             tick += 1
             final = len(sent) == per_group - 1
@@ -196,11 +204,10 @@ def alert_storm(*, groups: int = 50, per_group: int = 10, seed: int = SEED) -> l
             if not changed and tick - last_sent < REPEAT_TICKS:
                 continue
             if final:
-                group.alerts = [a for a in group.alerts if a.ended_at is None]
                 group.resolve(tick, every=True)
             elif changed:
                 group.change(tick)
-            sent.append(Delivery(tick, group.key, rule.severity, not changed, group.payload()))
+            sent.append(Delivery(tick, group.key, rule.severity, not changed, group.notify()))
             last_sent = tick
         deliveries += sent
     return sorted(deliveries, key=lambda d: d.tick)

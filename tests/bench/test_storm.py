@@ -43,13 +43,17 @@ async def test_a_resend_has_its_previous_delivery_id_and_a_change_a_new_one() ->
         "alertmanager",
         SourceConfig(type="alertmanager", pipeline="p", token="storm-token-0123456789"),
     )
-    previous: dict[str, str] = {}
+    previous: dict[str, tuple[str, bool]] = {}  # group -> (delivery id, had resolved alerts)
+    same_ids = 0
     for delivery in alert_storm():
         (described,) = await source.describe(HEADERS, orjson.dumps(delivery.payload))
         assert described.group_key == delivery.group_key
-        if delivery.group_key in previous:
-            same = described.delivery_id == previous[delivery.group_key]
-            assert same == delivery.repeat, delivery.payload
-        else:
+        if delivery.group_key not in previous:
             assert not delivery.repeat
-        previous[delivery.group_key] = described.delivery_id
+        else:
+            before, had_resolved = previous[delivery.group_key]
+            same = described.delivery_id == before
+            assert same == (delivery.repeat and not had_resolved), delivery.payload
+            same_ids += same
+        previous[delivery.group_key] = (described.delivery_id, bool(described.resolved))
+    assert same_ids > 100  # most re-sends are exactly the previous notification
