@@ -83,12 +83,16 @@ TRIAGE = f"""  triage:
     tools: [publishAlert, escalate]
     escalate: {{to: oncall, when_tool: escalate}}
 """
+CACHE = "cache: {ttl_seconds: 3600}"
+COLLAPSE = "collapse: {window_seconds: 3600}"
 VARIANTS = [
     Variant("baseline"),
-    Variant("cache", pipeline="cache: {ttl_seconds: 3600}"),
+    Variant("cache", pipeline=CACHE),
     Variant("triage", entry="triage", pipelines=TRIAGE),
-    Variant("collapse", source="collapse: {window_seconds: 3600}"),
+    Variant("collapse", source=COLLAPSE),
+    Variant("triage + collapse", entry="triage", pipelines=TRIAGE, source=COLLAPSE),
     Variant("baseline, default dedup window", dedup_window_seconds=None),
+    Variant("cache, default dedup window", pipeline=CACHE, dedup_window_seconds=None),
 ]
 
 
