@@ -8,8 +8,9 @@ sent to `eventgate serve` once per variant, each on a fresh Redis and database.
 Every variant gets the same deliveries in the same order, one group_interval tick at a time
 (``--tick-seconds`` of wall time each). The source's dedup window is 1 s: shorter than the
 storm's repeat_interval, as ``dedup_window_seconds: 900`` would be against
-``repeat_interval: 30m``, so an unchanged re-send becomes an event again; one variant keeps
-the default window (24 h) to show what the ingest dedup does on its own.
+``repeat_interval: 30m``, so an unchanged re-send becomes an event again; two variants keep
+the default window (24 h): what the ingest dedup does on its own, and the cache behind it
+(the exact re-sends, the ones the cache would answer, never reach the pipeline then).
 
 Claude is the fake Messages API (``eventgate_dev.fake_anthropic``); its usage figures depend
 on the prompt's size, so the tokens are the gateway's real prompts. The triage model
