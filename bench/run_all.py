@@ -2,7 +2,7 @@
 docs/benchmarks.md. A benchmark whose service or tool is missing is skipped with the reason.
 
     python -m bench.run_all [ingest replica_ack pipeline overhead claude_client prompt_size chaos
-                             capacity shadow relay_scale]
+                             capacity shadow relay_scale alert_storm]
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ BENCHMARKS = [
     "capacity",
     "shadow",
     "relay_scale",
+    "alert_storm",
 ]
 
 

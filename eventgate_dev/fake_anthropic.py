@@ -14,8 +14,11 @@ cache read afterwards, like prompt caching does.
 ``personas`` makes it answer differently per model or per system prompt, so tests comparing
 two pipelines see real disagreements: a ``Persona`` names the tool it calls (or none), which
 enum value it picks, and the share of its answers whose enum values and numbers vary at
-random (a model that is not consistent with itself). A persona is chosen by the request's
-model name, or by a ``system:TEXT`` key whose TEXT the system prompt contains (those first).
+random (a model that is not consistent with itself), and optionally a ``when`` text: it
+calls its tool only for prompts whose user turn contains that text, the first offered tool
+otherwise (a triage model that escalates only the critical alerts). A persona is chosen by
+the request's model name, or by a ``system:TEXT`` key whose TEXT the system prompt contains
+(those first).
 
 The Message Batches endpoints (``/v1/messages/batches``, eventgate_dev/fake_batches.py)
 answer each request as ``/v1/messages`` would, after ``batch_delay`` seconds, with their own
@@ -23,6 +26,7 @@ faults (``batch_expire_first``, ``batch_error_rate``); ``/_fake/stats`` counts t
 
     python -m eventgate_dev.fake_anthropic --port 8787 --latency 0.2 \
         [--persona claude-haiku-4-5=enum:last,vary:0.2] [--persona "system:v2=tool:none"] \
+        [--persona "claude-haiku-4-5=tool:escalate,when:severity=critical"] \
         [--batch-delay 2 --batch-error-rate 0.1 --batch-expire-first 1]
 """
 
@@ -53,25 +57,31 @@ class Persona:
     """How one model (or system prompt) answers: ``tool`` is the offered tool it calls (None:
     the first offered; "none": no tool at all), ``enum`` the value it picks ("first" or
     "last"), ``vary`` the share of answers whose enum values and numbers are drawn at
-    random instead (seeded, so a run is repeatable)."""
+    random instead (seeded, so a run is repeatable); with ``when`` set, ``tool`` applies only
+    to user turns containing that text, and the others get the first offered tool."""
 
     tool: str | None = None
     enum: str = "first"
     vary: float = 0.0
     seed: int = 0
+    when: str | None = None
 
     @classmethod
     def parse(cls, text: str) -> Persona:
-        """``tool:NAME,enum:last,vary:0.2,seed:1`` (each part optional)."""
+        """``tool:NAME,enum:last,vary:0.2,seed:1,when:TEXT`` (each part optional; TEXT
+        without commas)."""
         parts = dict(part.split(":", 1) for part in text.split(",") if part)
-        unknown = set(parts) - {"tool", "enum", "vary", "seed"}
+        unknown = set(parts) - {"tool", "enum", "vary", "seed", "when"}
         if unknown or parts.get("enum", "first") not in ("first", "last"):
-            raise ValueError(f"persona {text!r}: parts are tool:, enum:first|last, vary:, seed:")
+            raise ValueError(
+                f"persona {text!r}: parts are tool:, enum:first|last, vary:, seed:, when:"
+            )
         return cls(
             tool=parts.get("tool"),
             enum=parts.get("enum", "first"),
             vary=float(parts.get("vary", 0)),
             seed=int(parts.get("seed", 0)),
+            when=parts.get("when"),
         )
 
 
@@ -196,9 +206,11 @@ def default_answer(
 ) -> list[dict[str, Any]]:
     persona = persona or Persona()
     tools = request.get("tools") or []
+    prompt = str(request["messages"][-1]["content"])
+    if persona.when is not None and persona.when not in prompt:
+        persona = Persona(enum=persona.enum, vary=persona.vary, seed=persona.seed)
     if not tools or persona.tool == "none":
         return [{"type": "text", "text": "nothing to do"}]
-    prompt = str(request["messages"][-1]["content"])
     hints = dict(re.findall(r"^(event type|group|source): (.*)$", prompt, re.MULTILINE))
     named = [t for t in tools if t["name"] == persona.tool]
     tool = named[0] if named else tools[0]

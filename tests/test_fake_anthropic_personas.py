@@ -27,13 +27,18 @@ TOOLS = [
 ]
 
 
-def _ask(client: httpx.Client, model: str, system: str = "You triage.") -> list[Any]:
+def _ask(
+    client: httpx.Client,
+    model: str,
+    system: str = "You triage.",
+    content: str = "event type: push\ngroup: acme/api",
+) -> list[Any]:
     body = {
         "model": model,
         "max_tokens": 100,
         "system": [{"type": "text", "text": system}],
         "tools": TOOLS,
-        "messages": [{"role": "user", "content": "event type: push\ngroup: acme/api"}],
+        "messages": [{"role": "user", "content": content}],
     }
     answer = client.post("/v1/messages", json=body)
     assert answer.status_code == 200
@@ -95,3 +100,17 @@ def test_persona_specs_parse_or_say_what_is_wrong() -> None:
     for bad in ("enum:middle", "colour:red"):
         with pytest.raises(ValueError, match="parts are"):
             Persona.parse(bad)
+
+
+def test_a_persona_with_when_calls_its_tool_only_for_prompts_containing_the_text() -> None:
+    spec = "tool:publishNotification,when:severity=critical"
+    assert Persona.parse(spec) == Persona(tool="publishNotification", when="severity=critical")
+    server = FakeAnthropicServer(FakeBehaviour(personas={"triage": Persona.parse(spec)})).start()
+    try:
+        with httpx.Client(base_url=server.base_url) as client:
+            critical = "event type: alert.firing\ngroup: db\nalert 1: severity=critical"
+            warning = "event type: alert.firing\ngroup: disk\nalert 1: severity=warning"
+            assert _ask(client, "triage", content=critical) == [("publishNotification", {})]
+            assert [name for name, _ in _ask(client, "triage", content=warning)] == ["publishAlert"]
+    finally:
+        server.stop()
