@@ -21,8 +21,12 @@ hits and tokens come from the same rows, messages from the SNS stand-in. A varia
 events did not all end ``published`` or ``no_action`` is flagged: dropping work is not cheap.
 
 A variant is one entry of ``VARIANTS``: a name and the config it adds (pipeline keys,
-source keys, other pipelines). An option being built elsewhere (a ``window:``, a
-``mode: batch`` lane) is measured by adding its entry.
+source keys, other pipelines). ``window`` decides a group's notifications of 30 storm
+minutes (six ticks) in one call; ``batch`` sends every call through the Message Batches API
+(the fake's batch endpoints) at half the price. An event taken into a window ends
+``windowed`` and the window's own event (source ``window``) is the one that publishes, so
+those variants publish one message per window, and their events count as ended once every
+window is decided.
 """
 
 from __future__ import annotations
@@ -60,7 +64,7 @@ TOKEN = "bench-alertmanager-token-0123456789"
 BIG_MODEL = "claude-sonnet-4-6"
 SMALL_MODEL = "claude-haiku-4-5"
 TRIAGE_PERSONA = f"{SMALL_MODEL}=tool:escalate,when:severity=critical"
-ENDED = frozenset({"published", "no_action"})
+ENDED = frozenset({"published", "no_action", "windowed"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,12 +90,17 @@ TRIAGE = f"""  triage:
 """
 CACHE = "cache: {ttl_seconds: 3600}"
 COLLAPSE = "collapse: {window_seconds: 3600}"
+WINDOW = "window: {seconds: 7.2, max_events: 100}"  # six ticks: 30 minutes of the storm
+BATCH = "mode: batch\n    batch: {wait_seconds: 2, max_requests: 1000, poll_seconds: 0.5}"
 VARIANTS = [
     Variant("baseline"),
     Variant("cache", pipeline=CACHE),
     Variant("triage", entry="triage", pipelines=TRIAGE),
     Variant("collapse", source=COLLAPSE),
     Variant("triage + collapse", entry="triage", pipelines=TRIAGE, source=COLLAPSE),
+    Variant("window", pipeline=WINDOW),
+    Variant("batch", pipeline=BATCH),
+    Variant("window + batch", pipeline=f"{WINDOW}\n    {BATCH}"),
     Variant("baseline, default dedup window", dedup_window_seconds=None),
     Variant("cache, default dedup window", pipeline=CACHE, dedup_window_seconds=None),
 ]
@@ -133,7 +142,7 @@ class Outcome:
     answers: Counter[str]  # ingest's status word per delivery
     statuses: Counter[str]  # the events' final statuses
     calls: int  # Claude calls in the audit log (cache hits not counted)
-    fake_requests: int  # what the fake Messages API received
+    fake_requests: int  # what the fake Messages API received (batch requests included)
     cache_hits: int
     input_tokens: int  # uncached + cache writes + cache reads
     output_tokens: int
@@ -175,13 +184,21 @@ async def _send(url: str, ticks: list[list[bytes]], tick_seconds: float) -> Coun
     return answers
 
 
-async def _statuses(dsn: str) -> Counter[str]:
+async def _statuses(dsn: str) -> tuple[Counter[str], int]:
+    """The delivered events' statuses, and how many windows are not decided yet."""
     conn = await asyncpg.connect(dsn)
     try:
-        rows = await conn.fetch("SELECT status, count(*) AS n FROM events GROUP BY status")
+        rows = await conn.fetch(
+            "SELECT status, count(*) AS n FROM events WHERE source <> 'window' GROUP BY status"
+        )
+        undecided = await conn.fetchval(
+            "SELECT (SELECT count(*) FROM windows WHERE status <> 'enqueued')"
+            " + (SELECT count(*) FROM events WHERE source = 'window'"
+            " AND status NOT IN ('published', 'no_action', 'dead_lettered', 'held'))"
+        )
     finally:
         await conn.close()
-    return Counter({str(r["status"]): int(r["n"]) for r in rows})
+    return Counter({str(r["status"]): int(r["n"]) for r in rows}), int(undecided or 0)
 
 
 async def _audit(dsn: str) -> list[asyncpg.Record]:
@@ -204,9 +221,9 @@ async def _audit(dsn: str) -> list[asyncpg.Record]:
 def _wait_ended(dsn: str, queued: int, *, timeout: float = 300) -> Counter[str]:
     deadline = time.monotonic() + timeout
     while True:
-        statuses = asyncio.run(_statuses(dsn))
+        statuses, undecided = asyncio.run(_statuses(dsn))
         final = sum(n for s, n in statuses.items() if s in (*ENDED, "dead_lettered", "held"))
-        if final >= queued or time.monotonic() > deadline:
+        if (final >= queued and not undecided) or time.monotonic() > deadline:
             return statuses
         time.sleep(0.5)
 
@@ -253,7 +270,8 @@ def run_variant(variant: Variant, args: argparse.Namespace, storm: list[Delivery
                 statuses = _wait_ended(dsn, answers["queued"])
                 time.sleep(1.0)  # the relay's last poll reaches the stand-in
                 messages = int(httpx.get(sns.url + "/_stats", timeout=10).json()["messages"])
-                fake = int(httpx.get(claude.url + "/_fake/stats", timeout=10).json()["requests"])
+                seen = httpx.get(claude.url + "/_fake/stats", timeout=10).json()
+                fake = int(seen["requests"]) + int(seen.get("batch_requests", 0))
         rows = asyncio.run(_audit(dsn))
     return Outcome(
         variant=variant.name,
