@@ -196,6 +196,30 @@ async def test_a_request_never_answered_is_dead_lettered_after_three_batches(
     assert "no answer after 3 batch attempts" in detail["dead_letter"]["reason"]
 
 
+async def test_a_spent_budget_holds_the_pipelines_requests(
+    sns: SnsFixture,
+    fake_claude: FakeAnthropicServer,
+    settings: Settings,
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    text = _config(sns.topic_arn, wait=0).replace(
+        "    mode: batch\n", "    mode: batch\n    budget: {daily_tokens: 1}\n"
+    )
+    app = create_app(settings, parse_config(text), role="serve")
+    with ServerThread(app) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            await _send(client, "acme/a", 1)
+            assert len(await asyncio.to_thread(sns.receive, sns.fifo_url, expected=1)) == 1
+            held = await _send(client, "acme/a", 2)  # the first answer spent the budget
+            await _parked(sessions, 2)
+            await asyncio.sleep(3)
+            stats = (await client.get(f"{fake_claude.base_url}/_fake/stats")).json()
+    async with sessions() as session:
+        row = await session.scalar(select(BatchRequestRow).where(BatchRequestRow.event_id == held))
+    assert row is not None and (row.status, row.attempts, row.batch_id) == ("pending", 0, None)
+    assert stats["batches"] == 1
+
+
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
