@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import orjson
@@ -24,7 +25,15 @@ from app.main import create_app
 from app.settings import Settings
 from app.store.models import BatchRequestRow
 from eventgate_dev.fake_anthropic import FakeAnthropicServer
-from tests.support import ServerThread, SnsFixture, github_request, issue_payload
+from tests.conftest import HAVE_POSTGRES, HAVE_REDIS
+from tests.support import (
+    GatewayProcess,
+    ServerThread,
+    SnsFixture,
+    gateway_env,
+    github_request,
+    issue_payload,
+)
 
 SECRET = "batch-tests-github-secret"
 TOKEN = "admin-token-0123456789abcdef"
@@ -218,6 +227,73 @@ async def test_a_spent_budget_holds_the_pipelines_requests(
         row = await session.scalar(select(BatchRequestRow).where(BatchRequestRow.event_id == held))
     assert row is not None and (row.status, row.attempts, row.batch_id) == ("pending", 0, None)
     assert stats["batches"] == 1
+
+
+@pytest.mark.skipif(
+    not (HAVE_REDIS and HAVE_POSTGRES),
+    reason="needs a real Redis and PostgreSQL shared by processes",
+)
+async def test_a_sigkill_with_a_batch_in_flight_loses_nothing(
+    tmp_path: Path,
+    sns: SnsFixture,
+    fake_claude: FakeAnthropicServer,
+    redis_url: str,
+    redis_prefix: str,
+    database_url: str,
+    moto_endpoint: str,
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    """The first process parks the events and sends their batch, and is killed before the
+    batch ends; the second reads that batch's answers: each event published once, in order,
+    and Claude asked once per event."""
+    fake_claude.behaviour.batch_delay = 3
+    config = tmp_path / "eventgate.yaml"
+    config.write_text(_config(sns.topic_arn, wait=0.5))
+
+    def start(name: str) -> GatewayProcess:
+        return GatewayProcess(
+            log_path=tmp_path / f"{name}.log",
+            env=gateway_env(
+                config=config,
+                redis_url=redis_url,
+                redis_prefix=redis_prefix,
+                database_url=database_url,
+                claude_url=fake_claude.base_url,
+                sns_endpoint=moto_endpoint,
+                EVENTGATE_PARTITIONS="4",
+                EVENTGATE_RELAY_POLL_SECONDS="0.1",
+            ),
+        ).wait_ready()
+
+    first = start("first")
+    try:
+        async with httpx.AsyncClient(base_url=first.url, timeout=30) as client:
+            sent = [await _send(client, repo, n) for n, repo in enumerate(["a/x", "b/y"] * 2)]
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            async with sessions() as session:
+                states = (await session.scalars(select(BatchRequestRow.status))).all()
+            if states == ["submitted"] * 4:
+                break
+            await asyncio.sleep(0.05)
+        assert states == ["submitted"] * 4 and len(fake_claude.behaviour.batches) == 1
+    finally:
+        first.kill()  # the batch sent and recorded, its answers not read yet
+    second = start("second")
+    try:
+        received = await asyncio.to_thread(sns.receive, sns.fifo_url, expected=4, timeout=60)
+        extra = await asyncio.to_thread(sns.drain_extra, sns.fifo_url)
+    finally:
+        second.stop()
+    bodies = [orjson.loads(m["Body"]) for m in received]
+    assert extra == [] and sorted(b["event"]["id"] for b in bodies) == sorted(sent)
+    for key in ("a/x", "b/y"):
+        order = [b["event"]["id"] for b in bodies if b["event"]["group_key"] == key]
+        assert order == [e for n, e in enumerate(sent) if (n % 2 == 0) == (key == "a/x")]
+    assert len(fake_claude.behaviour.batches) == 1  # not sent again
+    async with sessions() as session:
+        rows = (await session.scalars(select(BatchRequestRow))).all()
+    assert {(r.status, r.attempts) for r in rows} == {("done", 1)}
 
 
 @pytest.mark.parametrize(
