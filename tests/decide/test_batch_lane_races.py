@@ -1,0 +1,139 @@
+"""The batch lane against a bad day, one round at a time over a scripted batch client:
+another process holding a claim, a pipeline gone from the config, a process dying between a
+request given up and its event dead-lettered."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from anthropic import AsyncAnthropic
+from redis.asyncio import Redis
+from sqlalchemy import select, update
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from app.config import parse_config
+from app.decide.batch_lane import BatchLane
+from app.events import Event
+from app.llm.batches import BatchClient, BatchCounts, BatchFailure, BatchStatus
+from app.llm.client import ClaudeReply, ClaudeRequest
+from app.store.models import BatchRequestRow, BatchRequestStatus, EventRow
+from tests.llm.harness import BASE, Harness, build, config_text, make_event, tool_use
+
+BATCH = "    mode: batch\n    batch: {wait_seconds: 0, max_requests: 100, poll_seconds: 0.1}\n"
+NOW = datetime(2026, 12, 3, 9, 0, tzinfo=UTC)
+Result = ClaudeReply | BatchFailure
+
+
+class ScriptedBatches(BatchClient):
+    """Every batch it created ends at once (others never do); ``answer`` says what each
+    custom id gets (None: left out of the results)."""
+
+    def __init__(self, answer: Callable[[str], Result | None]) -> None:
+        super().__init__(AsyncAnthropic(api_key="sk-ant-test", base_url=BASE, max_retries=0))
+        self.answer = answer
+        self.batches: dict[str, list[str]] = {}
+
+    async def submit(self, requests: Sequence[tuple[str, ClaudeRequest]]) -> str:
+        batch_id = f"msgbatch_{len(self.batches) + 1}"
+        self.batches[batch_id] = [custom_id for custom_id, _ in requests]
+        return batch_id
+
+    async def status(self, batch_id: str) -> BatchStatus:
+        ended = "ended" if batch_id in self.batches else "in_progress"
+        return BatchStatus(batch_id, ended, BatchCounts(0, 0, 0, 0, 0), NOW)
+
+    async def results(self, batch_id: str) -> dict[str, Result]:
+        found = {c: self.answer(c) for c in self.batches[batch_id]}
+        return {c: r for c, r in found.items() if r is not None}
+
+
+def answered(_: str) -> Result:
+    return ClaudeReply(
+        model="claude-sonnet-4-6",
+        request_id=None,
+        stop_reason="tool_use",
+        content=[tool_use()],
+        latency_ms=0.0,
+        input_tokens=100,
+        output_tokens=20,
+    )
+
+
+@pytest.fixture
+def harness(sessions: async_sessionmaker[AsyncSession], redis: Redis, redis_prefix: str) -> Harness:
+    return build(
+        sessions=sessions, redis=redis, prefix=redis_prefix, text=config_text(BATCH, fallback=False)
+    )
+
+
+def _lane(harness: Harness, client: BatchClient, *, text: str | None = None) -> BatchLane:
+    config = parse_config(text) if text is not None else harness.config
+    return BatchLane(
+        config=config,
+        processor=harness.processor,
+        client=client,
+        sessions=harness.sessions,
+        clock=lambda: NOW,
+        claim_timeout_seconds=600,
+    )
+
+
+async def _park(harness: Harness, lane: BatchLane, group: str) -> Event:
+    event = make_event(group=group)
+    async with harness.sessions() as session:
+        session.add(
+            EventRow(
+                id=event.id,
+                source=event.source,
+                type=event.type,
+                group_key=event.group_key,
+                delivery_id=event.delivery_id,
+                pipeline=event.pipeline,
+                status="processing",
+                payload=event.payload,
+                received_at=event.received_at,
+            )
+        )
+        await session.commit()
+    await lane.park(event, await harness.processor.request_for(event))
+    return event
+
+
+async def _requests(harness: Harness) -> list[BatchRequestRow]:
+    async with harness.sessions() as session:
+        rows = await session.scalars(select(BatchRequestRow).order_by(BatchRequestRow.id))
+        return list(rows.all())
+
+
+async def _status(harness: Harness, event_id: str) -> str:
+    async with harness.sessions() as session:
+        row = await session.get(EventRow, event_id)
+        assert row is not None
+        return row.status
+
+
+async def test_a_request_another_process_is_deciding_holds_up_nothing(harness: Harness) -> None:
+    """A live claim on an answered request (another process deciding it, or one that died
+    deciding it, until its claim times out) is skipped: the round ends, and the other keys'
+    answers are decided."""
+    lane = _lane(harness, ScriptedBatches(answered))
+    first = await _park(harness, lane, "acme/a")
+    second = await _park(harness, lane, "acme/b")
+    async with harness.sessions() as session:
+        await session.execute(
+            update(BatchRequestRow)
+            .where(BatchRequestRow.event_id == first.id)
+            .values(
+                status=BatchRequestStatus.ANSWERED,
+                attempts=1,
+                claimed_at=NOW - timedelta(seconds=1),  # another process's claim
+            )
+        )
+        await session.commit()
+    await asyncio.wait_for(lane.round(), timeout=10)
+    rows = {row.event_id: row for row in await _requests(harness)}
+    assert rows[second.id].status == BatchRequestStatus.DONE
+    assert rows[first.id].status == BatchRequestStatus.ANSWERED
