@@ -277,7 +277,8 @@ class BatchLane:
     async def _decide(self) -> None:
         while True:
             async with self.sessions() as session:
-                rows = await batches.decidable(session, limit=100)
+                stale = self.clock() - self.claim_timeout
+                rows = await batches.decidable(session, limit=100, stale=stale)
             if not rows:
                 return
             for row in rows:

@@ -207,8 +207,11 @@ async def set_outcome(
     return bool(getattr(result, "rowcount", 0))
 
 
-async def decidable(session: AsyncSession, *, limit: int) -> Sequence[BatchRequestRow]:
-    """Answered requests whose key has no earlier request still to be done, oldest first."""
+async def decidable(
+    session: AsyncSession, *, limit: int, stale: datetime
+) -> Sequence[BatchRequestRow]:
+    """Answered requests whose key has no earlier request still to be done, oldest first,
+    but for those another process claimed after ``stale`` (it is deciding them)."""
     earlier = aliased(BatchRequestRow)
     blocked = exists().where(
         and_(
@@ -220,7 +223,11 @@ async def decidable(session: AsyncSession, *, limit: int) -> Sequence[BatchReque
     )
     rows = await session.scalars(
         select(BatchRequestRow)
-        .where(BatchRequestRow.status == Status.ANSWERED, ~blocked)
+        .where(
+            BatchRequestRow.status == Status.ANSWERED,
+            (BatchRequestRow.claimed_at.is_(None)) | (BatchRequestRow.claimed_at < stale),
+            ~blocked,
+        )
         .order_by(BatchRequestRow.id)
         .limit(limit)
     )
