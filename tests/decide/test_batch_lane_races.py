@@ -137,3 +137,30 @@ async def test_a_request_another_process_is_deciding_holds_up_nothing(harness: H
     rows = {row.event_id: row for row in await _requests(harness)}
     assert rows[second.id].status == BatchRequestStatus.DONE
     assert rows[first.id].status == BatchRequestStatus.ANSWERED
+
+
+async def _dead_letter_reason(harness: Harness, event_id: str) -> str | None:
+    async with harness.sessions() as session:
+        row = await session.get(EventRow, event_id)
+        assert row is not None
+        return row.error if row.status == "dead_lettered" else None
+
+
+async def test_requests_of_a_pipeline_gone_from_the_config_are_dead_lettered(
+    harness: Harness, redis: Redis, redis_prefix: str
+) -> None:
+    """The pipeline is renamed while one request is in a batch and another waits for one: a
+    round neither fails (every round, for every pipeline) nor leaves them for ever: both
+    events are dead-lettered, saying why (a replay decides them by today's config)."""
+    client = ScriptedBatches(answered)
+    lane = _lane(harness, client)
+    sent = await _park(harness, lane, "acme/a")
+    await lane._send("triage")
+    waiting = await _park(harness, lane, "acme/b")
+    renamed = config_text(BATCH, fallback=False).replace("triage", "review")
+    later = build(sessions=harness.sessions, redis=redis, prefix=redis_prefix, text=renamed)
+    await _lane(later, client).round()
+    for event in (sent, waiting):
+        reason = await _dead_letter_reason(harness, event.id)
+        assert reason is not None and "'triage'" in reason
+    assert {row.status for row in await _requests(harness)} == {BatchRequestStatus.DONE}
