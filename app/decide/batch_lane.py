@@ -134,6 +134,10 @@ class BatchLane:
             )
         if released:
             log.warning("batch_claims_released", requests=released)
+        async with self.sessions() as session:
+            orphans = await batches.pending_outside(session, list(self.pipelines))
+        for row in orphans:
+            await self._give_up(row, reason=f"pipeline {row.pipeline!r} is no longer 'mode: batch'")
         for name in self.pipelines:
             await self._send(name)
         await self._read()
@@ -298,6 +302,9 @@ class BatchLane:
                     row.event_id, generation=row.generation
                 )
             )
+        if row.pipeline not in self.config.pipelines:
+            await self._give_up(row, reason=f"pipeline {row.pipeline!r} is no longer configured")
+            return
         if stored is None or row.reply is None or row.llm_call_id is None or decided:
             # Decided already (by a process that died before it marked the request done).
             async with self.sessions() as session:
@@ -324,6 +331,23 @@ class BatchLane:
         )
         async with self.sessions() as session:
             await batches.finish(session, row.id, error=error)
+
+    async def _give_up(self, row: BatchRequestRow, *, reason: str) -> None:
+        """The request done and its event dead-lettered in one transaction: a process dying
+        between the two would leave the event undecided for ever."""
+        epoch = await self._fence(row.event_id)
+        async with self.sessions() as session:
+            if not await batches.give_up(session, row.id, status=row.status, error=reason):
+                return  # another process moved it first
+            try:
+                await DeadLetters.add_in(
+                    session, row.event_id, stage="llm", reason=reason, epoch=epoch
+                )
+            except LeaseLost:
+                await session.rollback()  # a worker started the event since: next round
+                return
+            await session.commit()
+        DeadLetters.count(row.event_id, stage="llm", reason=reason)
 
     async def _fence(self, event_id: str) -> int:
         async with self.sessions() as session:

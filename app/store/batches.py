@@ -252,6 +252,31 @@ async def claim_answered(
     return bool(getattr(result, "rowcount", 0))
 
 
+async def pending_outside(
+    session: AsyncSession, pipelines: Sequence[str]
+) -> Sequence[BatchRequestRow]:
+    """Requests waiting for a batch whose pipeline is no longer a ``mode: batch`` one."""
+    rows = await session.scalars(
+        select(BatchRequestRow)
+        .where(BatchRequestRow.status == Status.PENDING, BatchRequestRow.pipeline.not_in(pipelines))
+        .order_by(BatchRequestRow.id)
+        .limit(500)
+    )
+    return rows.all()
+
+
+async def give_up(session: AsyncSession, row_id: int, *, status: str, error: str) -> bool:
+    """The request is done without an answer, if it is still in ``status``; False when
+    another process moved it first. The caller dead-letters its event in the same
+    transaction, and commits."""
+    result = await session.execute(
+        update(BatchRequestRow)
+        .where(BatchRequestRow.id == row_id, BatchRequestRow.status == status)
+        .values(status=Status.DONE, reply=None, error=error, claimed_at=None)
+    )
+    return bool(getattr(result, "rowcount", 0))
+
+
 async def finish(session: AsyncSession, row_id: int, *, error: str | None = None) -> None:
     await session.execute(
         update(BatchRequestRow)
