@@ -5,21 +5,22 @@ request given up and its event dead-lettered."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from anthropic import AsyncAnthropic
 from redis.asyncio import Redis
-from sqlalchemy import select, update
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy import func, select, update
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from app.config import parse_config
-from app.decide.batch_lane import BatchLane
+from app.decide.batch_lane import MAX_ATTEMPTS, BatchLane
 from app.events import Event
 from app.llm.batches import BatchClient, BatchCounts, BatchFailure, BatchStatus
 from app.llm.client import ClaudeReply, ClaudeRequest
-from app.store.models import BatchRequestRow, BatchRequestStatus, EventRow
+from app.store.models import BatchRequestRow, BatchRequestStatus, DeadLetterRow, EventRow
 from tests.llm.harness import BASE, Harness, build, config_text, make_event, tool_use
 
 BATCH = "    mode: batch\n    batch: {wait_seconds: 0, max_requests: 100, poll_seconds: 0.1}\n"
@@ -164,3 +165,66 @@ async def test_requests_of_a_pipeline_gone_from_the_config_are_dead_lettered(
         reason = await _dead_letter_reason(harness, event.id)
         assert reason is not None and "'triage'" in reason
     assert {row.status for row in await _requests(harness)} == {BatchRequestStatus.DONE}
+
+
+class Killed(BaseException):
+    """The process died (nothing after this point ran)."""
+
+
+def _dying(harness: Harness, *, at: int) -> async_sessionmaker[AsyncSession]:
+    """Sessions of a process killed at its ``at``-th commit (which does not happen)."""
+    commits = itertools.count(1)
+
+    class Dying(AsyncSession):
+        async def commit(self) -> None:
+            if next(commits) == at:
+                raise Killed
+            await super().commit()
+
+    engine = harness.sessions().bind
+    assert isinstance(engine, AsyncEngine)
+    return async_sessionmaker(engine, class_=Dying, expire_on_commit=False)
+
+
+async def test_a_request_given_up_dead_letters_its_event_whenever_the_process_dies(
+    harness: Harness,
+) -> None:
+    """A request on its last attempt, left out of its batch's results: the process dies at
+    each of its commits in turn, another carries on (after the claim timeout), and the event
+    ends dead-lettered once."""
+    client = ScriptedBatches(lambda _: None)
+    for at in range(1, 12):
+        event = await _park(harness, _lane(harness, client), f"acme/{at}")
+        async with harness.sessions() as session:
+            await session.execute(
+                update(BatchRequestRow)
+                .where(BatchRequestRow.event_id == event.id)
+                .values(attempts=MAX_ATTEMPTS - 1)
+            )
+            await session.commit()
+        dying = _lane(harness, client)
+        dying.sessions = dying.dead_letters.sessions = _dying(harness, at=at)
+        try:
+            await dying.round()
+        except Killed:
+            pass
+        else:
+            break
+        later = BatchLane(
+            config=harness.config,
+            processor=harness.processor,
+            client=client,
+            sessions=harness.sessions,
+            clock=lambda: NOW + timedelta(hours=1),
+        )
+        for _ in range(3):
+            await later.round()
+        async with harness.sessions() as session:
+            dead = await session.scalar(
+                select(func.count())
+                .select_from(DeadLetterRow)
+                .where(DeadLetterRow.event_id == event.id)
+            )
+        assert (await _status(harness, event.id), dead) == ("dead_lettered", 1), at
+    else:
+        raise AssertionError("the round never finished")
