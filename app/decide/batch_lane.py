@@ -99,7 +99,6 @@ class BatchLane:
         self.clock = clock
         self.sleep = sleep
         self.claim_timeout = timedelta(seconds=claim_timeout_seconds)
-        self.dead_letters = DeadLetters(sessions=sessions)
         self.pipelines = {n: p for n, p in config.pipelines.items() if p.mode == "batch"}
         self._backoff = 0.0
         self._next_poll: dict[str, datetime] = {}
@@ -254,14 +253,16 @@ class BatchLane:
         detail = result.detail if result is not None else "the batch's results left it out"
         reason = f"batch {row.batch_id}: {kind}: {detail}"[:1000]
         again = row.attempts < MAX_ATTEMPTS
-        async with self.sessions() as session:
-            changed = await batches.set_outcome(
-                session,
-                row.id,
-                status=BatchRequestStatus.PENDING if again else BatchRequestStatus.DONE,
-                error=reason,
+        if again:
+            async with self.sessions() as session:
+                changed = await batches.set_outcome(
+                    session, row.id, status=BatchRequestStatus.PENDING, error=reason
+                )
+                await session.commit()
+        else:
+            changed = await self._give_up(
+                row, reason=f"no answer after {row.attempts} batch attempts; last: {reason}"
             )
-            await session.commit()
         if not changed:
             return
         BATCH_REQUESTS.labels(pipeline=row.pipeline, outcome=kind).inc()
@@ -269,13 +270,6 @@ class BatchLane:
             failure = ClaudeError(reason, error_type=f"Batch{kind.title()}", retryable=again)
             attempt = Attempt(row.attempts, "anthropic", _request(row.request), BreakerState.CLOSED)
             await trail.complete(row.llm_call_id, trail.recorder.failure_outcome(attempt, failure))
-        if not again:
-            await self.dead_letters.add(
-                row.event_id,
-                stage="llm",
-                reason=f"no answer after {row.attempts} batch attempts; last: {reason}",
-                epoch=await self._fence(row.event_id),
-            )
         log.warning("batch_request_failed", event_id=row.event_id, reason=reason, again=again)
 
     async def _decide(self) -> None:
@@ -332,22 +326,25 @@ class BatchLane:
         async with self.sessions() as session:
             await batches.finish(session, row.id, error=error)
 
-    async def _give_up(self, row: BatchRequestRow, *, reason: str) -> None:
+    async def _give_up(self, row: BatchRequestRow, *, reason: str) -> bool:
         """The request done and its event dead-lettered in one transaction: a process dying
-        between the two would leave the event undecided for ever."""
+        between the two would leave the event undecided for ever. False when another process
+        moved the request first, or a worker started the event since (the next round tries
+        again)."""
         epoch = await self._fence(row.event_id)
         async with self.sessions() as session:
             if not await batches.give_up(session, row.id, status=row.status, error=reason):
-                return  # another process moved it first
+                return False
             try:
                 await DeadLetters.add_in(
                     session, row.event_id, stage="llm", reason=reason, epoch=epoch
                 )
             except LeaseLost:
-                await session.rollback()  # a worker started the event since: next round
-                return
+                await session.rollback()
+                return False
             await session.commit()
         DeadLetters.count(row.event_id, stage="llm", reason=reason)
+        return True
 
     async def _fence(self, event_id: str) -> int:
         async with self.sessions() as session:

@@ -203,7 +203,7 @@ async def test_a_request_given_up_dead_letters_its_event_whenever_the_process_di
             )
             await session.commit()
         dying = _lane(harness, client)
-        dying.sessions = dying.dead_letters.sessions = _dying(harness, at=at)
+        dying.sessions = _dying(harness, at=at)
         try:
             await dying.round()
         except Killed:
