@@ -52,6 +52,10 @@ class ScriptedBatches(BatchClient):
 
 
 def answered(_: str) -> Result:
+    return _reply()
+
+
+def _reply() -> ClaudeReply:
     return ClaudeReply(
         model="claude-sonnet-4-6",
         request_id=None,
@@ -228,3 +232,30 @@ async def test_a_request_given_up_dead_letters_its_event_whenever_the_process_di
         assert (await _status(harness, event.id), dead) == ("dead_lettered", 1), at
     else:
         raise AssertionError("the round never finished")
+
+
+async def test_a_stale_process_storing_an_answer_again_leaves_its_audit_row_as_it_was(
+    harness: Harness,
+) -> None:
+    """A process that stalled past its claim on an answered request wakes after another one
+    decided it and stores the same answer: nothing is stored twice, and the one audit row of
+    the request's attempt (both processes' call id) still says ``ok``, not ``superseded``."""
+    lane = _lane(harness, ScriptedBatches(answered))
+    event = await _park(harness, lane, "acme/a")
+    await lane.round()
+    (row,) = await _requests(harness)
+    assert row.status == BatchRequestStatus.DONE and row.llm_call_id is not None
+    async with harness.sessions() as session:
+        stored = await session.get(EventRow, event.id)
+        assert stored is not None
+        fence = stored.fence
+    await harness.processor.store_batch_answer(
+        event,
+        reply=_reply(),
+        call_id=row.llm_call_id,
+        epoch=fence,
+        request=await harness.processor.request_for(event),
+    )
+    outcome = await harness.rows(event.id)
+    assert [(c.status, c.error) for c in outcome.calls] == [("ok", None)]
+    assert len(outcome.outbox) == 1
