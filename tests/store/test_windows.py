@@ -236,3 +236,40 @@ async def test_an_event_never_joins_a_window_closed_while_it_was_joining(
             view = event.payload["window"]
             assert (len(ids), ids[-1]) == (view["events"], view["last_event_id"])
         assert [w.id for w in await windows.to_enqueue(session)] == []
+
+
+def test_a_full_window_of_large_events_stays_within_a_bounded_prompt() -> None:
+    """1000 members (the most ``max_events`` allows) of 50 kB payloads: the user turn stays
+    near what a few events would take, not a thousand times a member's share, and it says how
+    many events it leaves out."""
+    row = WindowRow(
+        id=8,
+        pipeline="incidents",
+        group_key="acme/api",
+        status=WindowStatus.CLOSED,
+        events=1000,
+        first_event_id="e0",
+        last_event_id="e999",
+        opened_at=NOW,
+        closes_at=NOW,
+        closed_at=NOW,
+        closed_by="count",
+    )
+    members = [
+        make_event(
+            id=f"e{n}",
+            source="github",
+            config=None,
+            type="issues.opened",
+            group_key="acme/api",
+            delivery_id=f"d{n}",
+            pipeline="incidents",
+            received_at=NOW,
+            payload={"title": "t" * 300, "body": "b" * 50_000},
+        )
+        for n in range(1000)
+    ]
+    text = render_window(window_event(row), members)
+    assert len(text) <= 120_000
+    shown = text.count("</window_event>")
+    assert 0 < shown < 1000 and f"{1000 - shown} later events" in text
