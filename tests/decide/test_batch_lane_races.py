@@ -19,7 +19,7 @@ from app.config import parse_config
 from app.decide.batch_lane import MAX_ATTEMPTS, BatchLane
 from app.events import Event
 from app.llm.batches import BatchClient, BatchCounts, BatchFailure, BatchStatus
-from app.llm.client import ClaudeReply, ClaudeRequest
+from app.llm.client import ClaudeError, ClaudeReply, ClaudeRequest
 from app.store.models import BatchRequestRow, BatchRequestStatus, DeadLetterRow, EventRow
 from tests.llm.harness import BASE, Harness, build, config_text, make_event, tool_use
 
@@ -259,3 +259,28 @@ async def test_a_stale_process_storing_an_answer_again_leaves_its_audit_row_as_i
     outcome = await harness.rows(event.id)
     assert [(c.status, c.error) for c in outcome.calls] == [("ok", None)]
     assert len(outcome.outbox) == 1
+
+
+class LostBatches(ScriptedBatches):
+    """The API no longer knows the first batch (404 on every question about it)."""
+
+    async def status(self, batch_id: str) -> BatchStatus:
+        if batch_id == "msgbatch_1":
+            raise ClaudeError(
+                "not found", error_type="not_found_error", retryable=False, status=404
+            )
+        return await super().status(batch_id)
+
+
+async def test_a_batch_the_api_cannot_read_holds_up_no_other_batch(harness: Harness) -> None:
+    """Asking about one batch fails for good (404): the round still reads and decides the
+    next batch, and the first batch's request is sent again (counted), not polled for ever."""
+    lane = _lane(harness, LostBatches(answered))
+    lost = await _park(harness, lane, "acme/a")
+    await lane._send("triage")
+    other = await _park(harness, lane, "acme/b")
+    await asyncio.wait_for(lane.round(), timeout=10)
+    rows = {row.event_id: row for row in await _requests(harness)}
+    assert rows[other.id].status == BatchRequestStatus.DONE
+    assert (rows[lost.id].status, rows[lost.id].attempts) == (BatchRequestStatus.PENDING, 1)
+    assert "msgbatch_1" in (rows[lost.id].error or "")
