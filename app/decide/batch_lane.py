@@ -212,22 +212,39 @@ class BatchLane:
         for batch_id in sent:
             if self._next_poll.get(batch_id, now) > now:
                 continue
-            status = await self.client.status(batch_id)
-            if not status.ended:
+            try:
+                await self._read_one(batch_id, now=now)
+            except ClaudeError as exc:
+                if exc.status != 404:  # it could not answer now (or not us): ask again later
+                    log.warning("batch_unreadable", batch_id=batch_id, error=exc.error_type)
+                    await self._poll_later(batch_id, now=now)
+                    continue
+                # The API will never tell (it does not know the batch): no answers came.
+                log.error("batch_lost", batch_id=batch_id, error=exc.error_type)
+                failure = BatchFailure("errored", f"the API cannot read it: {exc.error_type}")
                 async with self.sessions() as session:
                     rows = await batches.in_batch(session, batch_id)
-                name = rows[0].pipeline if rows else ""
-                poll = (
-                    (self.pipelines[name].batch or DEFAULTS) if name in self.pipelines else DEFAULTS
-                )
-                self._next_poll[batch_id] = now + timedelta(seconds=poll.poll_seconds)
-                continue
-            self._next_poll.pop(batch_id, None)
-            results = await self.client.results(batch_id)
-            async with self.sessions() as session:
-                rows = await batches.in_batch(session, batch_id)
-            for row in rows:
-                await self._outcome(row, results.get(custom_id(row)))
+                for row in rows:
+                    await self._outcome(row, failure)
+
+    async def _read_one(self, batch_id: str, *, now: datetime) -> None:
+        status = await self.client.status(batch_id)
+        if not status.ended:
+            await self._poll_later(batch_id, now=now)
+            return
+        self._next_poll.pop(batch_id, None)
+        results = await self.client.results(batch_id)
+        async with self.sessions() as session:
+            rows = await batches.in_batch(session, batch_id)
+        for row in rows:
+            await self._outcome(row, results.get(custom_id(row)))
+
+    async def _poll_later(self, batch_id: str, *, now: datetime) -> None:
+        async with self.sessions() as session:
+            rows = await batches.in_batch(session, batch_id)
+        name = rows[0].pipeline if rows else ""
+        poll = (self.pipelines[name].batch or DEFAULTS) if name in self.pipelines else DEFAULTS
+        self._next_poll[batch_id] = now + timedelta(seconds=poll.poll_seconds)
 
     async def _outcome(
         self, row: BatchRequestRow, result: ClaudeReply | BatchFailure | None
