@@ -284,3 +284,31 @@ async def test_a_batch_the_api_cannot_read_holds_up_no_other_batch(harness: Harn
     assert rows[other.id].status == BatchRequestStatus.DONE
     assert (rows[lost.id].status, rows[lost.id].attempts) == (BatchRequestStatus.PENDING, 1)
     assert "msgbatch_1" in (rows[lost.id].error or "")
+
+
+class StuckBatches(ScriptedBatches):
+    """Its batches never end, though their 24 hours ran out two hours ago."""
+
+    canceled: list[str]
+
+    async def status(self, batch_id: str) -> BatchStatus:
+        expired = NOW - timedelta(hours=2)
+        return BatchStatus(batch_id, "in_progress", BatchCounts(1, 0, 0, 0, 0), expired)
+
+    async def cancel(self, batch_id: str) -> BatchStatus:
+        self.canceled = [*getattr(self, "canceled", []), batch_id]
+        return await self.status(batch_id)
+
+
+async def test_a_batch_that_never_ends_is_given_up_after_its_expiry(harness: Harness) -> None:
+    """Past its ``expires_at`` (and a grace period) a batch still in progress is canceled and
+    its requests sent again, as if they expired: not polled for ever, holding the key."""
+    client = StuckBatches(answered)
+    lane = _lane(harness, client)
+    event = await _park(harness, lane, "acme/a")
+    await lane._send("triage")
+    await lane.round()
+    (row,) = await _requests(harness)
+    assert row.event_id == event.id
+    assert (row.status, row.attempts) == (BatchRequestStatus.PENDING, 1)
+    assert "expired" in (row.error or "") and client.canceled == ["msgbatch_1"]
