@@ -61,6 +61,8 @@ log = structlog.get_logger(__name__)
 MAX_ATTEMPTS = 3
 MAX_BACKOFF_SECONDS = 300.0
 ROUND_SECONDS = 1.0
+# A batch still not ended this long after its expires_at is not waited for any more.
+EXPIRY_GRACE = timedelta(hours=1)
 DEFAULTS = BatchLaneConfig()
 UNDECIDED = frozenset({EventStatus.PROCESSING})
 
@@ -222,13 +224,13 @@ class BatchLane:
                 # The API will never tell (it does not know the batch): no answers came.
                 log.error("batch_lost", batch_id=batch_id, error=exc.error_type)
                 failure = BatchFailure("errored", f"the API cannot read it: {exc.error_type}")
-                async with self.sessions() as session:
-                    rows = await batches.in_batch(session, batch_id)
-                for row in rows:
-                    await self._outcome(row, failure)
+                await self._fail_all(batch_id, failure)
 
     async def _read_one(self, batch_id: str, *, now: datetime) -> None:
         status = await self.client.status(batch_id)
+        if not status.ended and now > status.expires_at + EXPIRY_GRACE:
+            await self._abandon(batch_id)
+            return
         if not status.ended:
             await self._poll_later(batch_id, now=now)
             return
@@ -238,6 +240,23 @@ class BatchLane:
             rows = await batches.in_batch(session, batch_id)
         for row in rows:
             await self._outcome(row, results.get(custom_id(row)))
+
+    async def _abandon(self, batch_id: str) -> None:
+        """The batch outlived its expiry: canceled (if the API still listens), its requests
+        failed as expired (sent again or given up); answers it gives later are not read."""
+        try:
+            await self.client.cancel(batch_id)
+        except ClaudeError as exc:
+            log.warning("batch_cancel_failed", batch_id=batch_id, error=exc.error_type)
+        log.error("batch_abandoned", batch_id=batch_id)
+        failure = BatchFailure("expired", "the batch had not ended an hour after its expiry")
+        await self._fail_all(batch_id, failure)
+
+    async def _fail_all(self, batch_id: str, failure: BatchFailure) -> None:
+        async with self.sessions() as session:
+            rows = await batches.in_batch(session, batch_id)
+        for row in rows:
+            await self._outcome(row, failure)
 
     async def _poll_later(self, batch_id: str, *, now: datetime) -> None:
         async with self.sessions() as session:
