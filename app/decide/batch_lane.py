@@ -16,8 +16,11 @@ half the price, answered within 24 hours instead of seconds.
   each gets its audit row (outcome unknown), one batch is created and the rows and audit
   rows get its id. Then every sent batch is asked whether it ended; an ended batch's replies
   are stored on their requests and their audit rows completed, priced at the batch rate.
-- A request the batch did not answer (expired, errored, canceled) is sent again in a later
-  batch, up to ``MAX_ATTEMPTS`` in all; then its event is dead-lettered with the reason.
+- A request the batch did not answer (expired, errored, canceled; its batch unknown to the
+  API, or still running an hour past its expiry) is sent again in a later batch, up to
+  ``MAX_ATTEMPTS`` in all; then, in one transaction, it is done and its event
+  dead-lettered with the reason. A request whose pipeline is no longer ``mode: batch`` is
+  given up the same way.
   Creating a batch that the API refuses (4xx) counts as an attempt; one that cannot reach
   the API does not, and the lane waits longer each time (up to ``MAX_BACKOFF_SECONDS``).
 - Answers are decided in per-key order: a request is decided only when every earlier one of
