@@ -132,6 +132,7 @@ async def test_retention_deletes_old_finished_events_and_audit_rows(
         "windows": 1,
         "outbox": 2,
         "dead_letters": 1,
+        "batch_requests": 0,
         "events": 3,
     }
     assert await _count(sessions, ShadowDecisionRow) == 1
@@ -150,6 +151,7 @@ async def test_retention_deletes_old_finished_events_and_audit_rows(
         "windows": 0,
         "outbox": 0,
         "dead_letters": 0,
+        "batch_requests": 0,
         "events": 0,
     }
 
