@@ -207,3 +207,36 @@ def test_batch_settings_are_checked(edit: tuple[str, str], message: str) -> None
     text = _config("arn:aws:sns:us-east-1:123456789012:t.fifo").replace(*edit)
     with pytest.raises(ConfigError, match=message):
         parse_config(text)
+
+
+async def test_a_request_parked_before_its_pipeline_left_batch_mode_is_not_left_waiting(
+    sns: SnsFixture,
+    fake_claude: FakeAnthropicServer,
+    settings: Settings,
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    """Restarted with no ``mode: batch`` pipeline left, the gateway still runs the lane for
+    the requests parked before: the waiting one's event is dead-lettered, saying why (a
+    replay decides it live), instead of staying ``processing`` for ever."""
+    text = _config(sns.topic_arn, wait=3600)
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    app = create_app(settings, parse_config(text), role="serve")
+    with ServerThread(app) as server:
+        async with httpx.AsyncClient(base_url=server.url, headers=auth, timeout=30) as client:
+            event_id = await _send(client, "a/x", 1)
+            await _parked(sessions, 1)
+    live = text.replace("    mode: batch\n", "").replace(
+        "    batch: {wait_seconds: 3600, max_requests: 100, poll_seconds: 0.2}\n", ""
+    )
+    assert "batch:" not in live
+    app = create_app(settings, parse_config(live), role="serve")
+    with ServerThread(app) as server:
+        async with httpx.AsyncClient(base_url=server.url, headers=auth, timeout=30) as client:
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                detail = (await client.get(f"/v1/events/{event_id}")).json()
+                if detail["status"] != "processing":
+                    break
+                await asyncio.sleep(0.2)
+    assert detail["status"] == "dead_lettered"
+    assert "no longer 'mode: batch'" in detail["dead_letter"]["reason"]
