@@ -295,15 +295,15 @@ async def _build_relay(shared: Shared, stack: AsyncExitStack, *, owner: str) -> 
 def _build_batch_lane(
     shared: Shared, clients: dict[str, ClaudeClient], processor: EventProcessor
 ) -> BatchLane | None:
-    """The batch lane, when a pipeline has ``mode: batch``: over the Anthropic client (the
-    config refuses ``mode: batch`` on Bedrock)."""
-    if not any(p.mode == "batch" for p in shared.config.pipelines.values()):
-        return None
+    """The batch lane, over the Anthropic client (the config refuses ``mode: batch`` on
+    Bedrock). It runs without a ``mode: batch`` pipeline too (seldom): requests a former
+    config parked are read, decided or given up."""
     claude = clients.get("anthropic")
     if claude is None:
-        log.warning(
-            "batch_lane_unavailable", detail="no Anthropic client: batch pipelines are live"
-        )
+        if any(p.mode == "batch" for p in shared.config.pipelines.values()):
+            log.warning(
+                "batch_lane_unavailable", detail="no Anthropic client: batch pipelines are live"
+            )
         return None
     lane = BatchLane(
         config=shared.config,

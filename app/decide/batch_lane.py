@@ -64,6 +64,8 @@ log = structlog.get_logger(__name__)
 MAX_ATTEMPTS = 3
 MAX_BACKOFF_SECONDS = 300.0
 ROUND_SECONDS = 1.0
+# Where no pipeline is ``mode: batch``: only requests a former config parked are seen to.
+IDLE_ROUND_SECONDS = 10.0
 # A batch still not ended this long after its expires_at is not waited for any more.
 EXPIRY_GRACE = timedelta(hours=1)
 DEFAULTS = BatchLaneConfig()
@@ -107,6 +109,7 @@ class BatchLane:
         self.pipelines = {n: p for n, p in config.pipelines.items() if p.mode == "batch"}
         self._backoff = 0.0
         self._next_poll: dict[str, datetime] = {}
+        self.round_seconds = ROUND_SECONDS if self.pipelines else IDLE_ROUND_SECONDS
 
     async def park(self, event: Event, request: ClaudeRequest) -> None:
         async with self.sessions() as session:
@@ -128,7 +131,7 @@ class BatchLane:
                 if not dependency_unavailable(exc):
                     raise  # the supervisor logs it and restarts the loop
                 log.warning("batch_round_failed", error=type(exc).__name__)
-            await self.sleep(ROUND_SECONDS + self._backoff)
+            await self.sleep(self.round_seconds + self._backoff)
 
     async def round(self) -> None:
         """Send what is due, read what ended, decide what may be decided."""
