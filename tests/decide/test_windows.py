@@ -224,6 +224,18 @@ def test_a_digest_takes_no_window() -> None:
         parse_config(text)
 
 
+def test_no_source_may_be_named_like_the_events_of_closed_windows() -> None:
+    """A webhook source named ``window`` would send events the processor takes for closed
+    windows: its payload's ``window.id`` would put any window's events (of any key) into
+    the prompt."""
+    text = _config("arn:aws:sns:us-east-1:123456789012:t.fifo").replace(
+        "  github: {type: github,", "  window: {type: github,"
+    )
+    assert "  window: {type: github," in text
+    with pytest.raises(ConfigError, match="reserved"):
+        parse_config(text)
+
+
 @pytest.mark.skipif(
     not (HAVE_REDIS and HAVE_POSTGRES),
     reason="needs a real Redis and PostgreSQL shared by processes",
