@@ -8,10 +8,12 @@ import asyncio
 import itertools
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from anthropic import AsyncAnthropic
 from redis.asyncio import Redis
+from sqlalchemy import event as sa_event
 from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
@@ -312,3 +314,34 @@ async def test_a_batch_that_never_ends_is_given_up_after_its_expiry(harness: Har
     assert row.event_id == event.id
     assert (row.status, row.attempts) == (BatchRequestStatus.PENDING, 1)
     assert "expired" in (row.error or "") and client.canceled == ["msgbatch_1"]
+
+
+class RunningBatches(ScriptedBatches):
+    """Its batches are still running (and well within their 24 hours)."""
+
+    async def status(self, batch_id: str) -> BatchStatus:
+        return BatchStatus(
+            batch_id, "in_progress", BatchCounts(1, 0, 0, 0, 0), NOW + timedelta(hours=20)
+        )
+
+
+async def test_polling_a_running_batch_reads_none_of_its_requests(harness: Harness) -> None:
+    """A batch of up to 10 000 requests is polled every ``poll_seconds`` until it ends: a
+    poll must not load every request's stored prompt to learn the batch's pipeline."""
+    lane = _lane(harness, RunningBatches(answered))
+    await _park(harness, lane, "acme/a")
+    await lane._send("triage")
+    engine = harness.sessions().bind
+    assert isinstance(engine, AsyncEngine)
+    statements: list[str] = []
+
+    def seen(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        statements.append(statement)
+
+    sa_event.listen(engine.sync_engine, "before_cursor_execute", seen)
+    try:
+        await lane._read()
+    finally:
+        sa_event.remove(engine.sync_engine, "before_cursor_execute", seen)
+    assert statements, "the poll ran no query"
+    assert not [s for s in statements if "batch_requests.request" in s]
