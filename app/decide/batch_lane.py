@@ -266,8 +266,7 @@ class BatchLane:
 
     async def _poll_later(self, batch_id: str, *, now: datetime) -> None:
         async with self.sessions() as session:
-            rows = await batches.in_batch(session, batch_id)
-        name = rows[0].pipeline if rows else ""
+            name = await batches.pipeline_of(session, batch_id)
         poll = (self.pipelines[name].batch or DEFAULTS) if name in self.pipelines else DEFAULTS
         self._next_poll[batch_id] = now + timedelta(seconds=poll.poll_seconds)
 

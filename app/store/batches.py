@@ -174,6 +174,14 @@ async def submitted_batches(session: AsyncSession) -> list[str]:
     return [str(i) for i in ids.all() if i is not None]
 
 
+async def pipeline_of(session: AsyncSession, batch_id: str) -> str | None:
+    """The pipeline of a batch (all its requests have the same), read without the requests."""
+    found = await session.scalar(
+        select(BatchRequestRow.pipeline).where(BatchRequestRow.batch_id == batch_id).limit(1)
+    )
+    return str(found) if found is not None else None
+
+
 async def in_batch(session: AsyncSession, batch_id: str) -> Sequence[BatchRequestRow]:
     rows = await session.scalars(
         select(BatchRequestRow)
