@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -28,6 +28,7 @@ from tests.llm.harness import BASE, Harness, build, config_text, make_event, too
 BATCH = "    mode: batch\n    batch: {wait_seconds: 0, max_requests: 100, poll_seconds: 0.1}\n"
 NOW = datetime(2026, 12, 3, 9, 0, tzinfo=UTC)
 Result = ClaudeReply | BatchFailure
+Sessions = async_sessionmaker[AsyncSession]
 
 
 class ScriptedBatches(BatchClient):
@@ -345,3 +346,47 @@ async def test_polling_a_running_batch_reads_none_of_its_requests(harness: Harne
         sa_event.remove(engine.sync_engine, "before_cursor_execute", seen)
     assert statements, "the poll ran no query"
     assert not [s for s in statements if "batch_requests.request" in s]
+
+
+def _stalling(harness: Harness, stall: Callable[[], Awaitable[None]]) -> Sessions:
+    """Sessions of a process that stalls (``stall`` runs) when its first session closes."""
+    fired: list[bool] = []
+
+    class Stalling(AsyncSession):
+        async def close(self) -> None:
+            await super().close()
+            if not fired:
+                fired.append(True)
+                await stall()
+
+    engine = harness.sessions().bind
+    assert isinstance(engine, AsyncEngine)
+    return async_sessionmaker(engine, class_=Stalling, expire_on_commit=False)
+
+
+async def test_an_answer_decided_by_two_processes_is_charged_to_the_budget_once(
+    harness: Harness,
+) -> None:
+    """Process A claims an answered request and checks it is undecided, then stalls past
+    its claim; process B claims it (stale), decides it and charges it; A wakes and stores
+    the answer again (refused). The pipeline's budget is charged for one answer."""
+    lane = _lane(harness, ScriptedBatches(answered))
+    await _park(harness, lane, "acme/a")
+    await lane._send("triage")
+    await lane._read()
+    (row,) = await _requests(harness)
+    assert row.status == BatchRequestStatus.ANSWERED
+    later = _lane(harness, lane.client)
+    later.clock = lambda: NOW + timedelta(hours=1)
+
+    async def b_decides() -> None:
+        await later._decide_one(row)
+
+    stale = _lane(harness, lane.client)
+    stale.sessions = _stalling(harness, b_decides)
+    await stale._decide_one(row)
+    spent = await harness.budgets.spent("triage")
+    one = harness.processor.trail.recorder.cost_usd(_reply(), batch=True)
+    assert spent.tokens == 120 and spent.cost_usd == pytest.approx(one)
+    outcome = await harness.rows(row.event_id)
+    assert [c.status for c in outcome.calls] == ["ok"] and len(outcome.outbox) == 1
