@@ -288,6 +288,13 @@ class BatchLane:
                     await session.commit()
                     if row.llm_call_id is not None:
                         await trail.complete(row.llm_call_id, outcome)
+                    # Charged here, where one process records the answer once: any number
+                    # of processes may try to decide it.
+                    await self.processor.caller.budgets.charge(
+                        row.pipeline,
+                        tokens=result.input_tokens + result.output_tokens,
+                        cost_usd=trail.recorder.cost_usd(result, batch=True),
+                    )
             BATCH_REQUESTS.labels(pipeline=row.pipeline, outcome="succeeded").inc()
             return
         kind = result.kind if result is not None else "errored"
@@ -359,11 +366,6 @@ class BatchLane:
             )
         except LeaseLost as exc:
             error = f"superseded: {exc}"
-        await self.processor.caller.budgets.charge(
-            row.pipeline,
-            tokens=reply.input_tokens + reply.output_tokens,
-            cost_usd=self.processor.trail.recorder.cost_usd(reply, batch=True),
-        )
         async with self.sessions() as session:
             await batches.finish(session, row.id, error=error)
 
