@@ -19,8 +19,8 @@ half the price, answered within 24 hours instead of seconds.
 - A request the batch did not answer (expired, errored, canceled; its batch unknown to the
   API, or still running an hour past its expiry) is sent again in a later batch, up to
   ``MAX_ATTEMPTS`` in all; then, in one transaction, it is done and its event
-  dead-lettered with the reason. A request whose pipeline is no longer ``mode: batch`` is
-  given up the same way.
+  dead-lettered with the reason. A request whose pipeline is gone from the config is given
+  up the same way; one whose pipeline is no longer ``mode: batch`` is sent all the same.
   Creating a batch that the API refuses (4xx) counts as an attempt; one that cannot reach
   the API does not, and the lane waits longer each time (up to ``MAX_BACKOFF_SECONDS``).
 - Answers are decided in per-key order: a request is decided only when every earlier one of
@@ -69,6 +69,8 @@ IDLE_ROUND_SECONDS = 10.0
 # A batch still not ended this long after its expires_at is not waited for any more.
 EXPIRY_GRACE = timedelta(hours=1)
 DEFAULTS = BatchLaneConfig()
+# Requests parked by a former config whose pipeline is live now: nothing more will join them.
+LEFT_BEHIND = BatchLaneConfig(wait_seconds=0)
 UNDECIDED = frozenset({EventStatus.PROCESSING})
 
 
@@ -142,15 +144,20 @@ class BatchLane:
         if released:
             log.warning("batch_claims_released", requests=released)
         async with self.sessions() as session:
-            orphans = await batches.pending_outside(session, list(self.pipelines))
+            orphans = await batches.pending_outside(session, list(self.config.pipelines))
+            waiting = await batches.pending_pipelines(session)
         for row in orphans:
-            await self._give_up(row, reason=f"pipeline {row.pipeline!r} is no longer 'mode: batch'")
-        for name in self.pipelines:
+            await self._give_up(row, reason=f"pipeline {row.pipeline!r} is no longer configured")
+        # A pipeline that left batch mode still has its parked requests sent (at once).
+        left = [name for name in waiting if name in self.config.pipelines]
+        for name in dict.fromkeys([*self.pipelines, *left]):
             await self._send(name)
         await self._read()
         await self._decide()
 
     def _settings(self, name: str) -> BatchLaneConfig:
+        if name not in self.pipelines:
+            return LEFT_BEHIND
         return self.pipelines[name].batch or DEFAULTS
 
     async def _send(self, name: str) -> None:
@@ -163,7 +170,7 @@ class BatchLane:
             and now - as_utc(oldest) < timedelta(seconds=settings.wait_seconds)
         ):
             return
-        budget = self.pipelines[name].budget
+        budget = self.config.pipelines[name].budget
         if budget is not None:
             status = await self.processor.caller.budgets.status(name, budget)
             if status.exhausted:

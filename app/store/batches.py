@@ -263,7 +263,7 @@ async def claim_answered(
 async def pending_outside(
     session: AsyncSession, pipelines: Sequence[str]
 ) -> Sequence[BatchRequestRow]:
-    """Requests waiting for a batch whose pipeline is no longer a ``mode: batch`` one."""
+    """Requests waiting for a batch whose pipeline is none of ``pipelines``."""
     rows = await session.scalars(
         select(BatchRequestRow)
         .where(BatchRequestRow.status == Status.PENDING, BatchRequestRow.pipeline.not_in(pipelines))
@@ -271,6 +271,16 @@ async def pending_outside(
         .limit(500)
     )
     return rows.all()
+
+
+async def pending_pipelines(session: AsyncSession) -> list[str]:
+    """The pipelines that have requests waiting for a batch."""
+    names = await session.scalars(
+        select(BatchRequestRow.pipeline)
+        .where(BatchRequestRow.status == Status.PENDING)
+        .group_by(BatchRequestRow.pipeline)
+    )
+    return [str(name) for name in names.all()]
 
 
 async def give_up(session: AsyncSession, row_id: int, *, status: str, error: str) -> bool:
