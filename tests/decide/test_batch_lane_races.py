@@ -390,3 +390,34 @@ async def test_an_answer_decided_by_two_processes_is_charged_to_the_budget_once(
     assert spent.tokens == 120 and spent.cost_usd == pytest.approx(one)
     outcome = await harness.rows(row.event_id)
     assert [c.status for c in outcome.calls] == ["ok"] and len(outcome.outbox) == 1
+
+
+async def test_an_answered_request_is_decided_once_whenever_the_process_dies(
+    harness: Harness,
+) -> None:
+    """The process dies at each commit of a request's way (claimed, sent, answered, decided,
+    done) in turn; another carries on after the claim timeout: the event is decided once
+    (one set of tool calls), its answer charged once."""
+    client = ScriptedBatches(answered)
+    for at in range(1, 12):
+        event = await _park(harness, _lane(harness, client), f"acme/{at}")
+        dying = _lane(harness, client)
+        dying.sessions = _dying(harness, at=at)
+        try:
+            await dying.round()
+        except Killed:
+            pass
+        else:
+            break
+        later = _lane(harness, client)
+        later.clock = lambda: NOW + timedelta(hours=1)
+        for _ in range(3):
+            await later.round()
+        outcome = await harness.rows(event.id)
+        assert len(outcome.outbox) == 1, at
+        (row,) = [r for r in await _requests(harness) if r.event_id == event.id]
+        assert row.status == BatchRequestStatus.DONE, at
+    else:
+        raise AssertionError("the round never finished")
+    # Every event parked (one per round that died, and the last) charged for one answer.
+    assert (await harness.budgets.spent("triage")).tokens == 120 * at
