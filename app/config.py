@@ -29,6 +29,7 @@ from pydantic import (
 from app.config_rules import Problem, validate_with_rules, value_of
 from app.config_yaml import UnsafeYaml, read_yaml
 from app.declared_keys import Unfilterable, check_readable
+from app.events import WINDOW_SOURCE
 from app.source_config import SourceConfig
 
 __all__ = ["ConfigError", "GatewayConfig", "SourceConfig", "load_config"]
@@ -252,6 +253,9 @@ def _reference_rules(data: dict[Any, Any], failed: frozenset[str]) -> list[Probl
         for name in blocks
         if not _NAME.match(str(name))
     ]
+    if WINDOW_SOURCE in sections.get("sources", {}):
+        # The processor takes such events for closed windows, whose payload names the window.
+        problems.append((("sources", WINDOW_SOURCE), f"{WINDOW_SOURCE!r} is a reserved name"))
     pipelines, tools = sections.get("pipelines"), sections.get("tools")
     for name, source in sections.get("sources", {}).items():
         pipeline = value_of(source, "pipeline")

@@ -67,8 +67,8 @@ from app.queue.layout import PartitionCountMismatch
 from app.queue.leases import PartitionLeases
 from app.queue.streams import EventQueue
 from app.queue.worker import QueueWorker
+from app.schedule import windows as window_closing
 from app.schedule.digests import DigestScheduler
-from app.schedule.windows import WindowCloser
 from app.settings import Settings
 from app.sources.base import AdapterDeps
 from app.state import ApiParts, Processing, Running, Shared, WorkerParts
@@ -295,15 +295,15 @@ async def _build_relay(shared: Shared, stack: AsyncExitStack, *, owner: str) -> 
 def _build_batch_lane(
     shared: Shared, clients: dict[str, ClaudeClient], processor: EventProcessor
 ) -> BatchLane | None:
-    """The batch lane, when a pipeline has ``mode: batch``: over the Anthropic client (the
-    config refuses ``mode: batch`` on Bedrock)."""
-    if not any(p.mode == "batch" for p in shared.config.pipelines.values()):
-        return None
+    """The batch lane, over the Anthropic client (the config refuses ``mode: batch`` on
+    Bedrock). It runs without a ``mode: batch`` pipeline too (seldom): requests a former
+    config parked are read, decided or given up."""
     claude = clients.get("anthropic")
     if claude is None:
-        log.warning(
-            "batch_lane_unavailable", detail="no Anthropic client: batch pipelines are live"
-        )
+        if any(p.mode == "batch" for p in shared.config.pipelines.values()):
+            log.warning(
+                "batch_lane_unavailable", detail="no Anthropic client: batch pipelines are live"
+            )
         return None
     lane = BatchLane(
         config=shared.config,
@@ -374,11 +374,17 @@ def start(running: Running) -> None:
     supervisor.start("backlog", shared.backlog.run)
     if running.worker is None:
         return
-    if any(p.window is not None for p in shared.config.pipelines.values()):
-        closer = WindowCloser(queue=shared.queue, sessions=shared.sessions)
-        if running.worker.processing is not None:
-            running.worker.processing.processor.window_closed = closer.flush
-        supervisor.start("windows", closer.run)
+    # Without a pipeline that has a window, the closer still runs (seldom): windows a former
+    # config opened hold events already acked off the stream.
+    windowed = any(p.window is not None for p in shared.config.pipelines.values())
+    closer = window_closing.WindowCloser(
+        queue=shared.queue,
+        sessions=shared.sessions,
+        poll_seconds=window_closing.POLL_SECONDS if windowed else window_closing.IDLE_POLL_SECONDS,
+    )
+    if running.worker.processing is not None:
+        running.worker.processing.processor.window_closed = closer.flush
+    supervisor.start("windows", closer.run)
     if running.worker.processing is not None:
         if running.worker.processing.lane is not None:
             supervisor.start("batch-lane", running.worker.processing.lane.run)

@@ -16,8 +16,11 @@ half the price, answered within 24 hours instead of seconds.
   each gets its audit row (outcome unknown), one batch is created and the rows and audit
   rows get its id. Then every sent batch is asked whether it ended; an ended batch's replies
   are stored on their requests and their audit rows completed, priced at the batch rate.
-- A request the batch did not answer (expired, errored, canceled) is sent again in a later
-  batch, up to ``MAX_ATTEMPTS`` in all; then its event is dead-lettered with the reason.
+- A request the batch did not answer (expired, errored, canceled; its batch unknown to the
+  API, or still running an hour past its expiry) is sent again in a later batch, up to
+  ``MAX_ATTEMPTS`` in all; then, in one transaction, it is done and its event
+  dead-lettered with the reason. A request whose pipeline is gone from the config is given
+  up the same way; one whose pipeline is no longer ``mode: batch`` is sent all the same.
   Creating a batch that the API refuses (4xx) counts as an attempt; one that cannot reach
   the API does not, and the lane waits longer each time (up to ``MAX_BACKOFF_SECONDS``).
 - Answers are decided in per-key order: a request is decided only when every earlier one of
@@ -61,7 +64,13 @@ log = structlog.get_logger(__name__)
 MAX_ATTEMPTS = 3
 MAX_BACKOFF_SECONDS = 300.0
 ROUND_SECONDS = 1.0
+# Where no pipeline is ``mode: batch``: only requests a former config parked are seen to.
+IDLE_ROUND_SECONDS = 10.0
+# A batch still not ended this long after its expires_at is not waited for any more.
+EXPIRY_GRACE = timedelta(hours=1)
 DEFAULTS = BatchLaneConfig()
+# Requests parked by a former config whose pipeline is live now: nothing more will join them.
+LEFT_BEHIND = BatchLaneConfig(wait_seconds=0)
 UNDECIDED = frozenset({EventStatus.PROCESSING})
 
 
@@ -99,10 +108,10 @@ class BatchLane:
         self.clock = clock
         self.sleep = sleep
         self.claim_timeout = timedelta(seconds=claim_timeout_seconds)
-        self.dead_letters = DeadLetters(sessions=sessions)
         self.pipelines = {n: p for n, p in config.pipelines.items() if p.mode == "batch"}
         self._backoff = 0.0
         self._next_poll: dict[str, datetime] = {}
+        self.round_seconds = ROUND_SECONDS if self.pipelines else IDLE_ROUND_SECONDS
 
     async def park(self, event: Event, request: ClaudeRequest) -> None:
         async with self.sessions() as session:
@@ -124,7 +133,7 @@ class BatchLane:
                 if not dependency_unavailable(exc):
                     raise  # the supervisor logs it and restarts the loop
                 log.warning("batch_round_failed", error=type(exc).__name__)
-            await self.sleep(ROUND_SECONDS + self._backoff)
+            await self.sleep(self.round_seconds + self._backoff)
 
     async def round(self) -> None:
         """Send what is due, read what ended, decide what may be decided."""
@@ -134,12 +143,21 @@ class BatchLane:
             )
         if released:
             log.warning("batch_claims_released", requests=released)
-        for name in self.pipelines:
+        async with self.sessions() as session:
+            orphans = await batches.pending_outside(session, list(self.config.pipelines))
+            waiting = await batches.pending_pipelines(session)
+        for row in orphans:
+            await self._give_up(row, reason=f"pipeline {row.pipeline!r} is no longer configured")
+        # A pipeline that left batch mode still has its parked requests sent (at once).
+        left = [name for name in waiting if name in self.config.pipelines]
+        for name in dict.fromkeys([*self.pipelines, *left]):
             await self._send(name)
         await self._read()
         await self._decide()
 
     def _settings(self, name: str) -> BatchLaneConfig:
+        if name not in self.pipelines:
+            return LEFT_BEHIND
         return self.pipelines[name].batch or DEFAULTS
 
     async def _send(self, name: str) -> None:
@@ -152,7 +170,7 @@ class BatchLane:
             and now - as_utc(oldest) < timedelta(seconds=settings.wait_seconds)
         ):
             return
-        budget = self.pipelines[name].budget
+        budget = self.config.pipelines[name].budget
         if budget is not None:
             status = await self.processor.caller.budgets.status(name, budget)
             if status.exhausted:
@@ -209,22 +227,55 @@ class BatchLane:
         for batch_id in sent:
             if self._next_poll.get(batch_id, now) > now:
                 continue
-            status = await self.client.status(batch_id)
-            if not status.ended:
-                async with self.sessions() as session:
-                    rows = await batches.in_batch(session, batch_id)
-                name = rows[0].pipeline if rows else ""
-                poll = (
-                    (self.pipelines[name].batch or DEFAULTS) if name in self.pipelines else DEFAULTS
-                )
-                self._next_poll[batch_id] = now + timedelta(seconds=poll.poll_seconds)
-                continue
-            self._next_poll.pop(batch_id, None)
-            results = await self.client.results(batch_id)
-            async with self.sessions() as session:
-                rows = await batches.in_batch(session, batch_id)
-            for row in rows:
-                await self._outcome(row, results.get(custom_id(row)))
+            try:
+                await self._read_one(batch_id, now=now)
+            except ClaudeError as exc:
+                if exc.status != 404:  # it could not answer now (or not us): ask again later
+                    log.warning("batch_unreadable", batch_id=batch_id, error=exc.error_type)
+                    await self._poll_later(batch_id, now=now)
+                    continue
+                # The API will never tell (it does not know the batch): no answers came.
+                log.error("batch_lost", batch_id=batch_id, error=exc.error_type)
+                failure = BatchFailure("errored", f"the API cannot read it: {exc.error_type}")
+                await self._fail_all(batch_id, failure)
+
+    async def _read_one(self, batch_id: str, *, now: datetime) -> None:
+        status = await self.client.status(batch_id)
+        if not status.ended and now > status.expires_at + EXPIRY_GRACE:
+            await self._abandon(batch_id)
+            return
+        if not status.ended:
+            await self._poll_later(batch_id, now=now)
+            return
+        self._next_poll.pop(batch_id, None)
+        results = await self.client.results(batch_id)
+        async with self.sessions() as session:
+            rows = await batches.in_batch(session, batch_id)
+        for row in rows:
+            await self._outcome(row, results.get(custom_id(row)))
+
+    async def _abandon(self, batch_id: str) -> None:
+        """The batch outlived its expiry: canceled (if the API still listens), its requests
+        failed as expired (sent again or given up); answers it gives later are not read."""
+        try:
+            await self.client.cancel(batch_id)
+        except ClaudeError as exc:
+            log.warning("batch_cancel_failed", batch_id=batch_id, error=exc.error_type)
+        log.error("batch_abandoned", batch_id=batch_id)
+        failure = BatchFailure("expired", "the batch had not ended an hour after its expiry")
+        await self._fail_all(batch_id, failure)
+
+    async def _fail_all(self, batch_id: str, failure: BatchFailure) -> None:
+        async with self.sessions() as session:
+            rows = await batches.in_batch(session, batch_id)
+        for row in rows:
+            await self._outcome(row, failure)
+
+    async def _poll_later(self, batch_id: str, *, now: datetime) -> None:
+        async with self.sessions() as session:
+            name = await batches.pipeline_of(session, batch_id)
+        poll = (self.pipelines[name].batch or DEFAULTS) if name in self.pipelines else DEFAULTS
+        self._next_poll[batch_id] = now + timedelta(seconds=poll.poll_seconds)
 
     async def _outcome(
         self, row: BatchRequestRow, result: ClaudeReply | BatchFailure | None
@@ -244,20 +295,29 @@ class BatchLane:
                     await session.commit()
                     if row.llm_call_id is not None:
                         await trail.complete(row.llm_call_id, outcome)
+                    # Charged here, where one process records the answer once: any number
+                    # of processes may try to decide it.
+                    await self.processor.caller.budgets.charge(
+                        row.pipeline,
+                        tokens=result.input_tokens + result.output_tokens,
+                        cost_usd=trail.recorder.cost_usd(result, batch=True),
+                    )
             BATCH_REQUESTS.labels(pipeline=row.pipeline, outcome="succeeded").inc()
             return
         kind = result.kind if result is not None else "errored"
         detail = result.detail if result is not None else "the batch's results left it out"
         reason = f"batch {row.batch_id}: {kind}: {detail}"[:1000]
         again = row.attempts < MAX_ATTEMPTS
-        async with self.sessions() as session:
-            changed = await batches.set_outcome(
-                session,
-                row.id,
-                status=BatchRequestStatus.PENDING if again else BatchRequestStatus.DONE,
-                error=reason,
+        if again:
+            async with self.sessions() as session:
+                changed = await batches.set_outcome(
+                    session, row.id, status=BatchRequestStatus.PENDING, error=reason
+                )
+                await session.commit()
+        else:
+            changed = await self._give_up(
+                row, reason=f"no answer after {row.attempts} batch attempts; last: {reason}"
             )
-            await session.commit()
         if not changed:
             return
         BATCH_REQUESTS.labels(pipeline=row.pipeline, outcome=kind).inc()
@@ -265,19 +325,13 @@ class BatchLane:
             failure = ClaudeError(reason, error_type=f"Batch{kind.title()}", retryable=again)
             attempt = Attempt(row.attempts, "anthropic", _request(row.request), BreakerState.CLOSED)
             await trail.complete(row.llm_call_id, trail.recorder.failure_outcome(attempt, failure))
-        if not again:
-            await self.dead_letters.add(
-                row.event_id,
-                stage="llm",
-                reason=f"no answer after {row.attempts} batch attempts; last: {reason}",
-                epoch=await self._fence(row.event_id),
-            )
         log.warning("batch_request_failed", event_id=row.event_id, reason=reason, again=again)
 
     async def _decide(self) -> None:
         while True:
             async with self.sessions() as session:
-                rows = await batches.decidable(session, limit=100)
+                stale = self.clock() - self.claim_timeout
+                rows = await batches.decidable(session, limit=100, stale=stale)
             if not rows:
                 return
             for row in rows:
@@ -297,6 +351,9 @@ class BatchLane:
                     row.event_id, generation=row.generation
                 )
             )
+        if row.pipeline not in self.config.pipelines:
+            await self._give_up(row, reason=f"pipeline {row.pipeline!r} is no longer configured")
+            return
         if stored is None or row.reply is None or row.llm_call_id is None or decided:
             # Decided already (by a process that died before it marked the request done).
             async with self.sessions() as session:
@@ -316,13 +373,28 @@ class BatchLane:
             )
         except LeaseLost as exc:
             error = f"superseded: {exc}"
-        await self.processor.caller.budgets.charge(
-            row.pipeline,
-            tokens=reply.input_tokens + reply.output_tokens,
-            cost_usd=self.processor.trail.recorder.cost_usd(reply, batch=True),
-        )
         async with self.sessions() as session:
             await batches.finish(session, row.id, error=error)
+
+    async def _give_up(self, row: BatchRequestRow, *, reason: str) -> bool:
+        """The request done and its event dead-lettered in one transaction: a process dying
+        between the two would leave the event undecided for ever. False when another process
+        moved the request first, or a worker started the event since (the next round tries
+        again)."""
+        epoch = await self._fence(row.event_id)
+        async with self.sessions() as session:
+            if not await batches.give_up(session, row.id, status=row.status, error=reason):
+                return False
+            try:
+                await DeadLetters.add_in(
+                    session, row.event_id, stage="llm", reason=reason, epoch=epoch
+                )
+            except LeaseLost:
+                await session.rollback()
+                return False
+            await session.commit()
+        DeadLetters.count(row.event_id, stage="llm", reason=reason)
+        return True
 
     async def _fence(self, event_id: str) -> int:
         async with self.sessions() as session:

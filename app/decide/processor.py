@@ -467,6 +467,11 @@ class EventProcessor:
             if not await self.decisions.store(decision):
                 raise LeaseLost("a later lease tenure started the event: decision not stored")
         except (LeaseLost, IntegrityError) as exc:
+            if batch and isinstance(exc, IntegrityError):
+                # A batch answer's audit row is the request's, whichever process reads the
+                # answer: the one that stored it first completed it, and it stays so.
+                log_.warning("batch_answer_stored_already")
+                return
             # Another worker stored (or is storing) this event's decision: this paid call
             # keeps its audit row, marked as the loser.
             lost = (

@@ -15,9 +15,10 @@
 - A closed window becomes one event of source ``window`` on its key's stream, with an id
   derived from the pipeline and its first and last event ids (``window_event``). From there
   it is an event like any other: decided by one Claude call whose user turn lists the
-  window's events oldest first (``render_window``), audited, its tool calls published with
-  ids derived from its id, so a retried window never publishes twice, and a key's windows
-  reach the stream, and so are decided and published, in the order they opened.
+  window's events oldest first, within a bound (``render_window``), audited, its tool
+  calls published with ids derived from its id, so a retried window never publishes twice,
+  and a key's windows reach the stream, and so are decided and published, in the order
+  they opened.
 - Durable at every step: the members are rows before their entries are acked, a window is
   closed before its event is built, and its event is enqueued (deduplicated by its id) until
   the window is marked ``enqueued``. A process killed with a window open leaves it in the
@@ -38,6 +39,9 @@ from app.store.windows import as_utc, window_view
 
 # Every event of a window is rendered within its share of the source's budget, at least this.
 MIN_MEMBER_CHARS = 400
+# The user turn of a window stops growing here (about 25k tokens): later events are counted,
+# not shown, so a full window of large events is still a prompt Claude takes.
+MAX_WINDOW_CHARS = 100_000
 
 
 def window_event_id(pipeline: str, first_event_id: str, last_event_id: str) -> str:
@@ -79,7 +83,8 @@ def member_event(row: EventRow, config: SourceConfig | None) -> Event:
 
 def render_window(event: Event, members: Sequence[Event]) -> str:
     """The user turn of a window: what it is, then each event (oldest first) rendered as a
-    single event would be, within its share of the budget."""
+    single event would be, within its share of the budget, while the turn stays within
+    ``MAX_WINDOW_CHARS`` (the first event is always shown)."""
     window = event.payload.get("window", {}) if isinstance(event.payload, dict) else {}
     count = len(members)
     parts = [
@@ -87,10 +92,19 @@ def render_window(event: Event, members: Sequence[Event]) -> str:
         f"group: {fence_safe(one_line(event.group_key))}",
         f"window closed by: {one_line(window.get('closed_by') or 'time')}",
     ]
+    used = sum(len(part) + 1 for part in parts)
     for number, member in enumerate(members, start=1):
         budget = max(
             MIN_MEMBER_CHARS, (member.prompt_budget_chars or DEFAULT_BUDGET_CHARS) // count
         )
         rendered = render_event(member.model_copy(update={"prompt_budget_chars": budget}))
-        parts.append(f'<window_event n="{number}">\n{rendered}\n</window_event>')
+        block = f'<window_event n="{number}">\n{rendered}\n</window_event>'
+        if number > 1 and used + len(block) > MAX_WINDOW_CHARS:
+            parts.append(
+                f"{count - number + 1} later events of this window are not shown: "
+                "the window's prompt budget is spent"
+            )
+            break
+        parts.append(block)
+        used += len(block) + 1
     return "\n".join(parts)

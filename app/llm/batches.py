@@ -9,6 +9,7 @@ SDK and HTTP errors are the ``ClaudeError`` tree of ``app/llm/client.py``:
 
 ClaudeError
 ├── BatchNotEnded   retryable: results asked for before the batch ended; poll again
+├── (retryable)     BatchResultsUnreadable: a results line that is not JSON
 └── (as client.py)  status errors, timeouts, connection errors, a malformed message
 """
 
@@ -144,6 +145,12 @@ class BatchClient:
                 found[str(entry.get("custom_id"))] = _outcome(entry.get("result"))
         except (anthropic.APIStatusError, anthropic.APIConnectionError) as exc:
             raise error_from_sdk(exc, started=started) from exc
+        except ValueError as exc:  # a line that is not JSON: the download may be whole later
+            raise ClaudeError(
+                f"batch {batch_id}: results not readable ({type(exc).__name__})",
+                error_type="BatchResultsUnreadable",
+                retryable=True,
+            ) from exc
         return found
 
 

@@ -32,6 +32,8 @@ from app.store import windows
 
 log = structlog.get_logger(__name__)
 POLL_SECONDS = 0.5
+# Where no pipeline has a window: only windows a former config left are closed.
+IDLE_POLL_SECONDS = 5.0
 DEDUP_WINDOW_MS = 7 * 86_400_000
 
 

@@ -174,6 +174,14 @@ async def submitted_batches(session: AsyncSession) -> list[str]:
     return [str(i) for i in ids.all() if i is not None]
 
 
+async def pipeline_of(session: AsyncSession, batch_id: str) -> str | None:
+    """The pipeline of a batch (all its requests have the same), read without the requests."""
+    found = await session.scalar(
+        select(BatchRequestRow.pipeline).where(BatchRequestRow.batch_id == batch_id).limit(1)
+    )
+    return str(found) if found is not None else None
+
+
 async def in_batch(session: AsyncSession, batch_id: str) -> Sequence[BatchRequestRow]:
     rows = await session.scalars(
         select(BatchRequestRow)
@@ -207,8 +215,11 @@ async def set_outcome(
     return bool(getattr(result, "rowcount", 0))
 
 
-async def decidable(session: AsyncSession, *, limit: int) -> Sequence[BatchRequestRow]:
-    """Answered requests whose key has no earlier request still to be done, oldest first."""
+async def decidable(
+    session: AsyncSession, *, limit: int, stale: datetime
+) -> Sequence[BatchRequestRow]:
+    """Answered requests whose key has no earlier request still to be done, oldest first,
+    but for those another process claimed after ``stale`` (it is deciding them)."""
     earlier = aliased(BatchRequestRow)
     blocked = exists().where(
         and_(
@@ -220,7 +231,11 @@ async def decidable(session: AsyncSession, *, limit: int) -> Sequence[BatchReque
     )
     rows = await session.scalars(
         select(BatchRequestRow)
-        .where(BatchRequestRow.status == Status.ANSWERED, ~blocked)
+        .where(
+            BatchRequestRow.status == Status.ANSWERED,
+            (BatchRequestRow.claimed_at.is_(None)) | (BatchRequestRow.claimed_at < stale),
+            ~blocked,
+        )
         .order_by(BatchRequestRow.id)
         .limit(limit)
     )
@@ -242,6 +257,41 @@ async def claim_answered(
         .values(claimed_at=now)
     )
     await session.commit()
+    return bool(getattr(result, "rowcount", 0))
+
+
+async def pending_outside(
+    session: AsyncSession, pipelines: Sequence[str]
+) -> Sequence[BatchRequestRow]:
+    """Requests waiting for a batch whose pipeline is none of ``pipelines``."""
+    rows = await session.scalars(
+        select(BatchRequestRow)
+        .where(BatchRequestRow.status == Status.PENDING, BatchRequestRow.pipeline.not_in(pipelines))
+        .order_by(BatchRequestRow.id)
+        .limit(500)
+    )
+    return rows.all()
+
+
+async def pending_pipelines(session: AsyncSession) -> list[str]:
+    """The pipelines that have requests waiting for a batch."""
+    names = await session.scalars(
+        select(BatchRequestRow.pipeline)
+        .where(BatchRequestRow.status == Status.PENDING)
+        .group_by(BatchRequestRow.pipeline)
+    )
+    return [str(name) for name in names.all()]
+
+
+async def give_up(session: AsyncSession, row_id: int, *, status: str, error: str) -> bool:
+    """The request is done without an answer, if it is still in ``status``; False when
+    another process moved it first. The caller dead-letters its event in the same
+    transaction, and commits."""
+    result = await session.execute(
+        update(BatchRequestRow)
+        .where(BatchRequestRow.id == row_id, BatchRequestRow.status == status)
+        .values(status=Status.DONE, reply=None, error=error, claimed_at=None)
+    )
     return bool(getattr(result, "rowcount", 0))
 
 

@@ -1,12 +1,13 @@
 """Retention: delete audit rows and finished events older than a configured age.
 
 An event is deleted only in a final state (published, no_action, dead_lettered, windowed)
-and only when its last change is older than the cutoff; its tool calls and dead letters go
-with it. A windowed event stays while its window's event is not on the stream yet (it is
-part of what that event will be decided on); a window goes once its event is enqueued and
-it closed before the cutoff. Audit rows (``llm_calls``) go by their own age. Deletes run in
-small batches, each its own transaction, so the job never holds long locks; several gateways
-running it at once only repeat idempotent deletes.
+and only when its last change is older than the cutoff; its tool calls, dead letters and
+batch requests (which keep its whole prompt) go with it. A windowed event stays while its
+window's event is not on the stream yet (it is part of what that event will be decided on);
+a window goes once its event is enqueued and it closed before the cutoff. Audit rows
+(``llm_calls``) go by their own age. Deletes run in small batches, each its own transaction,
+so the job never holds long locks; several gateways running it at once only repeat
+idempotent deletes.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from app.events import FINAL_STATUSES
 from app.observability.metrics import RETENTION_DELETED
 from app.store.models import (
+    BatchRequestRow,
     DeadLetterRow,
     EventRow,
     LlmCallRow,
@@ -91,10 +93,12 @@ class RetentionRepository:
         return result.all()
 
     async def delete_events(self, ids: Sequence[str]) -> dict[str, int]:
-        """The events, their outbox rows and dead letters (children first: foreign keys)."""
+        """The events, their outbox rows, dead letters and batch requests (children first:
+        foreign keys)."""
         counts = {}
         for table, column in (
             (OutboxRow, OutboxRow.event_id),
+            (BatchRequestRow, BatchRequestRow.event_id),
             (DeadLetterRow, DeadLetterRow.event_id),
             (EventRow, EventRow.id),
         ):
@@ -134,6 +138,7 @@ class RetentionJob:
             "windows": 0,
             "outbox": 0,
             "dead_letters": 0,
+            "batch_requests": 0,
             "events": 0,
         }
         while True:

@@ -52,32 +52,45 @@ async def join(
     """Take the event into its key's open window (opening one when there is none); None
     when the event is in a window already or a later tenure started it (nothing changed:
     the caller rolls back). The caller commits."""
-    current = await session.scalar(
-        select(WindowRow)
-        .where(
-            WindowRow.pipeline == pipeline,
-            WindowRow.group_key == group_key,
-            WindowRow.status == WindowStatus.OPEN,
-        )
-        .with_for_update()
-    )
     closed_earlier = False
-    if current is not None and as_utc(current.closes_at) <= now:
-        current.status, current.closed_at, current.closed_by = WindowStatus.CLOSED, now, "time"
-        await session.flush()
-        current, closed_earlier = None, True
-    if current is None:
-        current = WindowRow(
-            pipeline=pipeline,
-            group_key=group_key,
-            status=WindowStatus.OPEN,
-            events=0,
-            opened_at=now,
-            closes_at=now + timedelta(seconds=seconds),
+    while True:
+        current = await session.scalar(
+            select(WindowRow)
+            .where(
+                WindowRow.pipeline == pipeline,
+                WindowRow.group_key == group_key,
+                WindowRow.status == WindowStatus.OPEN,
+            )
+            .with_for_update()
         )
-        session.add(current)
-        await session.flush()
-    position = current.events + 1
+        if current is not None and as_utc(current.closes_at) <= now:
+            closed_earlier = await _close(session, current.id, now=now, by="time")
+            current = None
+        if current is None:
+            current = WindowRow(
+                pipeline=pipeline,
+                group_key=group_key,
+                status=WindowStatus.OPEN,
+                events=0,
+                opened_at=now,
+                closes_at=now + timedelta(seconds=seconds),
+            )
+            session.add(current)
+            await session.flush()
+            position = 1
+            break
+        # SQLite has no row lock: the closer may have closed (and enqueued) the window since
+        # it was read. Whoever changes it first holds it until commit; a closed one is left
+        # alone and the event opens the next.
+        claimed = await session.scalar(
+            update(WindowRow)
+            .where(WindowRow.id == current.id, WindowRow.status == WindowStatus.OPEN)
+            .values(events=WindowRow.events + 1)
+            .returning(WindowRow.events)
+        )
+        if claimed is not None:
+            position = int(claimed)
+            break
     taken = await session.execute(
         update(EventRow)
         .where(EventRow.id == event_id, EventRow.window_id.is_(None), EventRow.fence <= epoch)
@@ -98,6 +111,16 @@ async def join(
         current.status, current.closed_at, current.closed_by = WindowStatus.CLOSED, now, "count"
     await session.flush()
     return Joined(current.id, position, filled, closed_earlier)
+
+
+async def _close(session: AsyncSession, window_id: int, *, now: datetime, by: str) -> bool:
+    """Close the window if it is still open; False when somebody else closed it first."""
+    result = await session.execute(
+        update(WindowRow)
+        .where(WindowRow.id == window_id, WindowRow.status == WindowStatus.OPEN)
+        .values(status=WindowStatus.CLOSED, closed_at=now, closed_by=by)
+    )
+    return bool(getattr(result, "rowcount", 0))
 
 
 async def close_due(session: AsyncSession, *, now: datetime) -> list[tuple[str, str]]:

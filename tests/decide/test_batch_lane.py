@@ -147,6 +147,7 @@ async def test_an_expired_batch_is_sent_again_and_each_event_published_once_in_o
         cache_read_input_tokens=calls[1]["cache_read_input_tokens"],
     )
     standard = PriceTable.from_config(config).cost_usd(reply.model, usage_of(reply))
+    # Prices are rounded to 8 decimals: half of an odd last digit is off by 5e-9.
     assert standard > 0 and calls[1]["cost_usd"] == pytest.approx(standard / 2, abs=1e-8)
     assert 'eventgate_batch_requests_total{outcome="submitted",pipeline="nightly"} 12.0' in metrics
     assert 'eventgate_batch_requests_total{outcome="expired",pipeline="nightly"} 6.0' in metrics
@@ -307,3 +308,33 @@ def test_batch_settings_are_checked(edit: tuple[str, str], message: str) -> None
     text = _config("arn:aws:sns:us-east-1:123456789012:t.fifo").replace(*edit)
     with pytest.raises(ConfigError, match=message):
         parse_config(text)
+
+
+async def test_a_request_parked_before_its_pipeline_left_batch_mode_is_not_left_waiting(
+    sns: SnsFixture,
+    fake_claude: FakeAnthropicServer,
+    settings: Settings,
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    """Restarted with no ``mode: batch`` pipeline left, the gateway still runs the lane for
+    the requests parked before: the waiting one is sent at once and its event decided and
+    published, instead of staying ``processing`` for ever."""
+    text = _config(sns.topic_arn, wait=3600)
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    app = create_app(settings, parse_config(text), role="serve")
+    with ServerThread(app) as server:
+        async with httpx.AsyncClient(base_url=server.url, headers=auth, timeout=30) as client:
+            event_id = await _send(client, "a/x", 1)
+            await _parked(sessions, 1)
+    live = text.replace("    mode: batch\n", "").replace(
+        "    batch: {wait_seconds: 3600, max_requests: 100, poll_seconds: 0.2}\n", ""
+    )
+    assert "batch:" not in live
+    app = create_app(settings, parse_config(live), role="serve")
+    with ServerThread(app) as server:
+        async with httpx.AsyncClient(base_url=server.url, headers=auth, timeout=30) as client:
+            received = await asyncio.to_thread(sns.receive, sns.fifo_url, expected=1, timeout=30)
+            detail = (await client.get(f"/v1/events/{event_id}")).json()
+    assert [orjson.loads(m["Body"])["event"]["id"] for m in received] == [event_id]
+    assert [c["status"] for c in detail["llm_calls"]] == ["ok"]
+    assert detail["llm_calls"][0]["batch_id"]

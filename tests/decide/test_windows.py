@@ -235,6 +235,18 @@ def test_a_digest_takes_no_window() -> None:
         parse_config(text)
 
 
+def test_no_source_may_be_named_like_the_events_of_closed_windows() -> None:
+    """A webhook source named ``window`` would send events the processor takes for closed
+    windows: its payload's ``window.id`` would put any window's events (of any key) into
+    the prompt."""
+    text = _config("arn:aws:sns:us-east-1:123456789012:t.fifo").replace(
+        "  github: {type: github,", "  window: {type: github,"
+    )
+    assert "  window: {type: github," in text
+    with pytest.raises(ConfigError, match="reserved"):
+        parse_config(text)
+
+
 @pytest.mark.skipif(
     not (HAVE_REDIS and HAVE_POSTGRES),
     reason="needs a real Redis and PostgreSQL shared by processes",
@@ -308,3 +320,42 @@ async def _wait_for(
             return
         await asyncio.sleep(0.1)
     raise AssertionError(f"events did not reach {status!r} in time")
+
+
+async def test_a_window_left_open_when_its_pipeline_loses_its_window_is_still_decided(
+    sns: SnsFixture,
+    fake_claude: FakeAnthropicServer,
+    redis_url: str,
+    redis_prefix: str,
+    database_url: str,
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    """The gateway is restarted with the pipeline's ``window`` taken out while a window of
+    it is open: its events were acked off the stream, so the window is closed and decided
+    all the same (no pipeline has a window now, but the table still has one)."""
+    settings = Settings(
+        redis_url=redis_url,
+        redis_prefix=redis_prefix,
+        database_url=database_url,
+        admin_token=TOKEN,
+        auto_migrate=False,
+        partitions=4,
+        log_format="json",
+        relay_poll_seconds=0.1,
+    )
+    text = _config(sns.topic_arn, seconds=1, max_events=100)
+    app = create_app(settings, parse_config(text), role="serve")
+    with ServerThread(app) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            sent = [await _send(client, "acme/a", n) for n in (1, 2)]
+        await _wait_for(sessions, lambda rows: len(rows) == 2, status="windowed")
+    async with sessions() as session:
+        await session.execute(update(WindowRow).values(closes_at=WindowRow.opened_at))
+        await session.commit()  # the first gateway stopped before its closer's next round
+    unwindowed = text.replace("    window: {seconds: 1, max_events: 100}\n", "")
+    assert "window:" not in unwindowed
+    app = create_app(settings, parse_config(unwindowed), role="serve")
+    with ServerThread(app):
+        received = await asyncio.to_thread(sns.receive, sns.fifo_url, expected=1, timeout=20)
+    body = orjson.loads(received[0]["Body"])
+    assert (body["window"]["first_event_id"], body["window"]["last_event_id"]) == tuple(sent)

@@ -8,6 +8,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 
+import httpx2
 import pytest
 from anthropic import AsyncAnthropic, DefaultAioHttpClient
 
@@ -205,3 +206,41 @@ async def test_it_shares_the_gateway_client_but_not_a_bedrock_one(
             BatchClient.sharing(bedrock)
     finally:
         await bedrock.close()
+
+
+async def test_results_the_client_cannot_parse_are_a_claude_error() -> None:
+    """A results line that is not JSON (a truncated download, a proxy's error page) is a
+    ``ClaudeError``, which the lane catches (it polls again later), not a bare
+    ``ValueError`` that ends the lane's round at that batch every time."""
+    ended = {
+        "id": "msgbatch_1",
+        "type": "message_batch",
+        "processing_status": "ended",
+        "request_counts": {
+            "processing": 0,
+            "succeeded": 1,
+            "errored": 0,
+            "canceled": 0,
+            "expired": 0,
+        },
+        "created_at": "2026-12-03T09:00:00Z",
+        "expires_at": "2026-12-04T09:00:00Z",
+        "ended_at": "2026-12-03T09:01:00Z",
+        "archived_at": None,
+        "cancel_initiated_at": None,
+        "results_url": "https://api.anthropic.com/v1/messages/batches/msgbatch_1/results",
+    }
+
+    def answer(request: httpx2.Request) -> httpx2.Response:
+        if request.url.path.endswith("/results"):
+            return httpx2.Response(200, content=b'{"custom_id": "r1-a1", "result": {\n')
+        return httpx2.Response(200, json=ended)
+
+    http = httpx2.AsyncClient(transport=httpx2.MockTransport(answer))
+    client = AsyncAnthropic(api_key="sk-ant-test", max_retries=0, http_client=http)
+    try:
+        with pytest.raises(ClaudeError) as caught:
+            await BatchClient(client).results("msgbatch_1")
+    finally:
+        await client.close()
+    assert caught.value.retryable

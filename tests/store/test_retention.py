@@ -9,6 +9,7 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.store.models import (
+    BatchRequestRow,
     DeadLetterRow,
     EventRow,
     LlmCallRow,
@@ -131,6 +132,7 @@ async def test_retention_deletes_old_finished_events_and_audit_rows(
         "windows": 1,
         "outbox": 2,
         "dead_letters": 1,
+        "batch_requests": 0,
         "events": 3,
     }
     assert await _count(sessions, ShadowDecisionRow) == 1
@@ -149,5 +151,39 @@ async def test_retention_deletes_old_finished_events_and_audit_rows(
         "windows": 0,
         "outbox": 0,
         "dead_letters": 0,
+        "batch_requests": 0,
         "events": 0,
     }
+
+
+async def test_retention_deletes_a_finished_events_batch_request_with_it(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    """A batch request keeps the whole prompt (the payload): it goes with its event, and the
+    request of an event still in flight stays."""
+    async with sessions() as session:
+        session.add_all(
+            [
+                _event("evt_old_batched", status="published", at=OLD),
+                _event("evt_old_parked", status="processing", at=OLD),
+            ]
+        )
+        for event_id, status in (("evt_old_batched", "done"), ("evt_old_parked", "pending")):
+            session.add(
+                BatchRequestRow(
+                    event_id=event_id,
+                    generation=0,
+                    pipeline="nightly",
+                    group_key="acme/api",
+                    status=status,
+                    attempts=1,
+                    request={"messages": [{"role": "user", "content": "the payload"}]},
+                    created_at=OLD,
+                )
+            )
+        await session.commit()
+    job = RetentionJob(sessions=sessions, max_age_seconds=30 * 86400, interval_seconds=60)
+    await job.run_once(now=NOW)
+    async with sessions() as session:
+        left = (await session.scalars(select(BatchRequestRow.event_id))).all()
+    assert left == ["evt_old_parked"]

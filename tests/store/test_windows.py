@@ -3,11 +3,13 @@ one open window per key; and a member's payload cannot close its fence in the pr
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import Update, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -165,3 +167,109 @@ def test_a_member_cannot_close_its_fence_in_the_prompt() -> None:
     )
     text = render_window(window_event(row), [member])
     assert text.count("</window_event>") == 1 and text.count("<window_event ") == 1
+
+
+class _CloserMidJoin(AsyncSession):
+    """A session that lets the window closer run a whole round (close, build the event,
+    mark it enqueued) just before its first UPDATE."""
+
+    async def execute(self, statement: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(statement, Update) and "before_update" in self.info:
+            await self.info.pop("before_update")()
+        return await super().execute(statement, *args, **kwargs)
+
+
+async def test_an_event_never_joins_a_window_closed_while_it_was_joining(
+    sessions: async_sessionmaker[AsyncSession], url: str
+) -> None:
+    """The closer closes and enqueues the key's window between the join's read of it and the
+    join's update: the late event must not land in the window whose event is already built
+    (it would be decided by nobody, or fill it and have it enqueued again under another id)."""
+    async with sessions() as session:
+        await _event(session, "e1")
+        await _event(session, "e2")
+        await _join(session, "e1")
+    built: dict[int, Any] = {}
+
+    async def closer_round() -> None:
+        async with sessions() as other:
+            await windows.close_due(other, now=NOW + timedelta(seconds=60))
+            await other.commit()
+            for row in await windows.to_enqueue(other):
+                built[row.id] = window_event(row)
+                await windows.mark_enqueued(other, row.id, built[row.id].id)
+            await other.commit()
+
+    engine = create_engine(url)
+    racing = async_sessionmaker(engine, class_=_CloserMidJoin, expire_on_commit=False)
+    closer: asyncio.Task[None] | None = None
+
+    async def start_closer() -> None:
+        nonlocal closer
+        closer = asyncio.create_task(closer_round())
+        # PostgreSQL's row lock makes the closer wait for the join; SQLite lets it through.
+        await asyncio.wait({closer}, timeout=1)
+
+    async with racing() as session:
+        session.info["before_update"] = start_closer
+        joined = await windows.join(
+            session,
+            event_id="e2",
+            pipeline="incidents",
+            group_key="acme/api",
+            seconds=60,
+            max_events=2,
+            epoch=1,
+            now=NOW + timedelta(seconds=59),
+        )
+        assert joined is not None
+        await session.commit()
+    await engine.dispose()
+    assert closer is not None
+    await closer
+    async with sessions() as session:
+        assert built, "the closer enqueued no window"
+        for window_id, event in built.items():
+            row = await session.get(WindowRow, window_id)
+            assert row is not None and row.status == WindowStatus.ENQUEUED
+            ids = [m.id for m in await windows.members(session, window_id)]
+            view = event.payload["window"]
+            assert (len(ids), ids[-1]) == (view["events"], view["last_event_id"])
+        assert [w.id for w in await windows.to_enqueue(session)] == []
+
+
+def test_a_full_window_of_large_events_stays_within_a_bounded_prompt() -> None:
+    """1000 members (the most ``max_events`` allows) of 50 kB payloads: the user turn stays
+    near what a few events would take, not a thousand times a member's share, and it says how
+    many events it leaves out."""
+    row = WindowRow(
+        id=8,
+        pipeline="incidents",
+        group_key="acme/api",
+        status=WindowStatus.CLOSED,
+        events=1000,
+        first_event_id="e0",
+        last_event_id="e999",
+        opened_at=NOW,
+        closes_at=NOW,
+        closed_at=NOW,
+        closed_by="count",
+    )
+    members = [
+        make_event(
+            id=f"e{n}",
+            source="github",
+            config=None,
+            type="issues.opened",
+            group_key="acme/api",
+            delivery_id=f"d{n}",
+            pipeline="incidents",
+            received_at=NOW,
+            payload={"title": "t" * 300, "body": "b" * 50_000},
+        )
+        for n in range(1000)
+    ]
+    text = render_window(window_event(row), members)
+    assert len(text) <= 120_000
+    shown = text.count("</window_event>")
+    assert 0 < shown < 1000 and f"{1000 - shown} later events" in text

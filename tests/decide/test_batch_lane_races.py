@@ -1,0 +1,423 @@
+"""The batch lane against a bad day, one round at a time over a scripted batch client:
+another process holding a claim, a pipeline gone from the config, a process dying between a
+request given up and its event dead-lettered."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from anthropic import AsyncAnthropic
+from redis.asyncio import Redis
+from sqlalchemy import event as sa_event
+from sqlalchemy import func, select, update
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+
+from app.config import parse_config
+from app.decide.batch_lane import MAX_ATTEMPTS, BatchLane
+from app.events import Event
+from app.llm.batches import BatchClient, BatchCounts, BatchFailure, BatchStatus
+from app.llm.client import ClaudeError, ClaudeReply, ClaudeRequest
+from app.store.models import BatchRequestRow, BatchRequestStatus, DeadLetterRow, EventRow
+from tests.llm.harness import BASE, Harness, build, config_text, make_event, tool_use
+
+BATCH = "    mode: batch\n    batch: {wait_seconds: 0, max_requests: 100, poll_seconds: 0.1}\n"
+NOW = datetime(2026, 12, 3, 9, 0, tzinfo=UTC)
+Result = ClaudeReply | BatchFailure
+Sessions = async_sessionmaker[AsyncSession]
+
+
+class ScriptedBatches(BatchClient):
+    """Every batch it created ends at once (others never do); ``answer`` says what each
+    custom id gets (None: left out of the results)."""
+
+    def __init__(self, answer: Callable[[str], Result | None]) -> None:
+        super().__init__(AsyncAnthropic(api_key="sk-ant-test", base_url=BASE, max_retries=0))
+        self.answer = answer
+        self.batches: dict[str, list[str]] = {}
+
+    async def submit(self, requests: Sequence[tuple[str, ClaudeRequest]]) -> str:
+        batch_id = f"msgbatch_{len(self.batches) + 1}"
+        self.batches[batch_id] = [custom_id for custom_id, _ in requests]
+        return batch_id
+
+    async def status(self, batch_id: str) -> BatchStatus:
+        ended = "ended" if batch_id in self.batches else "in_progress"
+        return BatchStatus(batch_id, ended, BatchCounts(0, 0, 0, 0, 0), NOW)
+
+    async def results(self, batch_id: str) -> dict[str, Result]:
+        found = {c: self.answer(c) for c in self.batches[batch_id]}
+        return {c: r for c, r in found.items() if r is not None}
+
+
+def answered(_: str) -> Result:
+    return _reply()
+
+
+def _reply() -> ClaudeReply:
+    return ClaudeReply(
+        model="claude-sonnet-4-6",
+        request_id=None,
+        stop_reason="tool_use",
+        content=[tool_use()],
+        latency_ms=0.0,
+        input_tokens=100,
+        output_tokens=20,
+    )
+
+
+@pytest.fixture
+def harness(sessions: async_sessionmaker[AsyncSession], redis: Redis, redis_prefix: str) -> Harness:
+    return build(
+        sessions=sessions, redis=redis, prefix=redis_prefix, text=config_text(BATCH, fallback=False)
+    )
+
+
+def _lane(harness: Harness, client: BatchClient, *, text: str | None = None) -> BatchLane:
+    config = parse_config(text) if text is not None else harness.config
+    return BatchLane(
+        config=config,
+        processor=harness.processor,
+        client=client,
+        sessions=harness.sessions,
+        clock=lambda: NOW,
+        claim_timeout_seconds=600,
+    )
+
+
+async def _park(harness: Harness, lane: BatchLane, group: str) -> Event:
+    event = make_event(group=group)
+    async with harness.sessions() as session:
+        session.add(
+            EventRow(
+                id=event.id,
+                source=event.source,
+                type=event.type,
+                group_key=event.group_key,
+                delivery_id=event.delivery_id,
+                pipeline=event.pipeline,
+                status="processing",
+                payload=event.payload,
+                received_at=event.received_at,
+            )
+        )
+        await session.commit()
+    await lane.park(event, await harness.processor.request_for(event))
+    return event
+
+
+async def _requests(harness: Harness) -> list[BatchRequestRow]:
+    async with harness.sessions() as session:
+        rows = await session.scalars(select(BatchRequestRow).order_by(BatchRequestRow.id))
+        return list(rows.all())
+
+
+async def _status(harness: Harness, event_id: str) -> str:
+    async with harness.sessions() as session:
+        row = await session.get(EventRow, event_id)
+        assert row is not None
+        return row.status
+
+
+async def test_a_request_another_process_is_deciding_holds_up_nothing(harness: Harness) -> None:
+    """A live claim on an answered request (another process deciding it, or one that died
+    deciding it, until its claim times out) is skipped: the round ends, and the other keys'
+    answers are decided."""
+    lane = _lane(harness, ScriptedBatches(answered))
+    first = await _park(harness, lane, "acme/a")
+    second = await _park(harness, lane, "acme/b")
+    async with harness.sessions() as session:
+        await session.execute(
+            update(BatchRequestRow)
+            .where(BatchRequestRow.event_id == first.id)
+            .values(
+                status=BatchRequestStatus.ANSWERED,
+                attempts=1,
+                claimed_at=NOW - timedelta(seconds=1),  # another process's claim
+            )
+        )
+        await session.commit()
+    await asyncio.wait_for(lane.round(), timeout=10)
+    rows = {row.event_id: row for row in await _requests(harness)}
+    assert rows[second.id].status == BatchRequestStatus.DONE
+    assert rows[first.id].status == BatchRequestStatus.ANSWERED
+
+
+async def _dead_letter_reason(harness: Harness, event_id: str) -> str | None:
+    async with harness.sessions() as session:
+        row = await session.get(EventRow, event_id)
+        assert row is not None
+        return row.error if row.status == "dead_lettered" else None
+
+
+async def test_requests_of_a_pipeline_gone_from_the_config_are_dead_lettered(
+    harness: Harness, redis: Redis, redis_prefix: str
+) -> None:
+    """The pipeline is renamed while one request is in a batch and another waits for one: a
+    round neither fails (every round, for every pipeline) nor leaves them for ever: both
+    events are dead-lettered, saying why (a replay decides them by today's config)."""
+    client = ScriptedBatches(answered)
+    lane = _lane(harness, client)
+    sent = await _park(harness, lane, "acme/a")
+    await lane._send("triage")
+    waiting = await _park(harness, lane, "acme/b")
+    renamed = config_text(BATCH, fallback=False).replace("triage", "review")
+    later = build(sessions=harness.sessions, redis=redis, prefix=redis_prefix, text=renamed)
+    await _lane(later, client).round()
+    for event in (sent, waiting):
+        reason = await _dead_letter_reason(harness, event.id)
+        assert reason is not None and "'triage'" in reason
+    assert {row.status for row in await _requests(harness)} == {BatchRequestStatus.DONE}
+
+
+class Killed(BaseException):
+    """The process died (nothing after this point ran)."""
+
+
+def _dying(harness: Harness, *, at: int) -> async_sessionmaker[AsyncSession]:
+    """Sessions of a process killed at its ``at``-th commit (which does not happen)."""
+    commits = itertools.count(1)
+
+    class Dying(AsyncSession):
+        async def commit(self) -> None:
+            if next(commits) == at:
+                raise Killed
+            await super().commit()
+
+    engine = harness.sessions().bind
+    assert isinstance(engine, AsyncEngine)
+    return async_sessionmaker(engine, class_=Dying, expire_on_commit=False)
+
+
+async def test_a_request_given_up_dead_letters_its_event_whenever_the_process_dies(
+    harness: Harness,
+) -> None:
+    """A request on its last attempt, left out of its batch's results: the process dies at
+    each of its commits in turn, another carries on (after the claim timeout), and the event
+    ends dead-lettered once."""
+    client = ScriptedBatches(lambda _: None)
+    for at in range(1, 12):
+        event = await _park(harness, _lane(harness, client), f"acme/{at}")
+        async with harness.sessions() as session:
+            await session.execute(
+                update(BatchRequestRow)
+                .where(BatchRequestRow.event_id == event.id)
+                .values(attempts=MAX_ATTEMPTS - 1)
+            )
+            await session.commit()
+        dying = _lane(harness, client)
+        dying.sessions = _dying(harness, at=at)
+        try:
+            await dying.round()
+        except Killed:
+            pass
+        else:
+            break
+        later = BatchLane(
+            config=harness.config,
+            processor=harness.processor,
+            client=client,
+            sessions=harness.sessions,
+            clock=lambda: NOW + timedelta(hours=1),
+        )
+        for _ in range(3):
+            await later.round()
+        async with harness.sessions() as session:
+            dead = await session.scalar(
+                select(func.count())
+                .select_from(DeadLetterRow)
+                .where(DeadLetterRow.event_id == event.id)
+            )
+        assert (await _status(harness, event.id), dead) == ("dead_lettered", 1), at
+    else:
+        raise AssertionError("the round never finished")
+
+
+async def test_a_stale_process_storing_an_answer_again_leaves_its_audit_row_as_it_was(
+    harness: Harness,
+) -> None:
+    """A process that stalled past its claim on an answered request wakes after another one
+    decided it and stores the same answer: nothing is stored twice, and the one audit row of
+    the request's attempt (both processes' call id) still says ``ok``, not ``superseded``."""
+    lane = _lane(harness, ScriptedBatches(answered))
+    event = await _park(harness, lane, "acme/a")
+    await lane.round()
+    (row,) = await _requests(harness)
+    assert row.status == BatchRequestStatus.DONE and row.llm_call_id is not None
+    async with harness.sessions() as session:
+        stored = await session.get(EventRow, event.id)
+        assert stored is not None
+        fence = stored.fence
+    await harness.processor.store_batch_answer(
+        event,
+        reply=_reply(),
+        call_id=row.llm_call_id,
+        epoch=fence,
+        request=await harness.processor.request_for(event),
+    )
+    outcome = await harness.rows(event.id)
+    assert [(c.status, c.error) for c in outcome.calls] == [("ok", None)]
+    assert len(outcome.outbox) == 1
+
+
+class LostBatches(ScriptedBatches):
+    """The API no longer knows the first batch (404 on every question about it)."""
+
+    async def status(self, batch_id: str) -> BatchStatus:
+        if batch_id == "msgbatch_1":
+            raise ClaudeError(
+                "not found", error_type="not_found_error", retryable=False, status=404
+            )
+        return await super().status(batch_id)
+
+
+async def test_a_batch_the_api_cannot_read_holds_up_no_other_batch(harness: Harness) -> None:
+    """Asking about one batch fails for good (404): the round still reads and decides the
+    next batch, and the first batch's request is sent again (counted), not polled for ever."""
+    lane = _lane(harness, LostBatches(answered))
+    lost = await _park(harness, lane, "acme/a")
+    await lane._send("triage")
+    other = await _park(harness, lane, "acme/b")
+    await asyncio.wait_for(lane.round(), timeout=10)
+    rows = {row.event_id: row for row in await _requests(harness)}
+    assert rows[other.id].status == BatchRequestStatus.DONE
+    assert (rows[lost.id].status, rows[lost.id].attempts) == (BatchRequestStatus.PENDING, 1)
+    assert "msgbatch_1" in (rows[lost.id].error or "")
+
+
+class StuckBatches(ScriptedBatches):
+    """Its batches never end, though their 24 hours ran out two hours ago."""
+
+    canceled: list[str]
+
+    async def status(self, batch_id: str) -> BatchStatus:
+        expired = NOW - timedelta(hours=2)
+        return BatchStatus(batch_id, "in_progress", BatchCounts(1, 0, 0, 0, 0), expired)
+
+    async def cancel(self, batch_id: str) -> BatchStatus:
+        self.canceled = [*getattr(self, "canceled", []), batch_id]
+        return await self.status(batch_id)
+
+
+async def test_a_batch_that_never_ends_is_given_up_after_its_expiry(harness: Harness) -> None:
+    """Past its ``expires_at`` (and a grace period) a batch still in progress is canceled and
+    its requests sent again, as if they expired: not polled for ever, holding the key."""
+    client = StuckBatches(answered)
+    lane = _lane(harness, client)
+    event = await _park(harness, lane, "acme/a")
+    await lane._send("triage")
+    await lane.round()
+    (row,) = await _requests(harness)
+    assert row.event_id == event.id
+    assert (row.status, row.attempts) == (BatchRequestStatus.PENDING, 1)
+    assert "expired" in (row.error or "") and client.canceled == ["msgbatch_1"]
+
+
+class RunningBatches(ScriptedBatches):
+    """Its batches are still running (and well within their 24 hours)."""
+
+    async def status(self, batch_id: str) -> BatchStatus:
+        return BatchStatus(
+            batch_id, "in_progress", BatchCounts(1, 0, 0, 0, 0), NOW + timedelta(hours=20)
+        )
+
+
+async def test_polling_a_running_batch_reads_none_of_its_requests(harness: Harness) -> None:
+    """A batch of up to 10 000 requests is polled every ``poll_seconds`` until it ends: a
+    poll must not load every request's stored prompt to learn the batch's pipeline."""
+    lane = _lane(harness, RunningBatches(answered))
+    await _park(harness, lane, "acme/a")
+    await lane._send("triage")
+    engine = harness.sessions().bind
+    assert isinstance(engine, AsyncEngine)
+    statements: list[str] = []
+
+    def seen(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        statements.append(statement)
+
+    sa_event.listen(engine.sync_engine, "before_cursor_execute", seen)
+    try:
+        await lane._read()
+    finally:
+        sa_event.remove(engine.sync_engine, "before_cursor_execute", seen)
+    assert statements, "the poll ran no query"
+    assert not [s for s in statements if "batch_requests.request" in s]
+
+
+def _stalling(harness: Harness, stall: Callable[[], Awaitable[None]]) -> Sessions:
+    """Sessions of a process that stalls (``stall`` runs) when its first session closes."""
+    fired: list[bool] = []
+
+    class Stalling(AsyncSession):
+        async def close(self) -> None:
+            await super().close()
+            if not fired:
+                fired.append(True)
+                await stall()
+
+    engine = harness.sessions().bind
+    assert isinstance(engine, AsyncEngine)
+    return async_sessionmaker(engine, class_=Stalling, expire_on_commit=False)
+
+
+async def test_an_answer_decided_by_two_processes_is_charged_to_the_budget_once(
+    harness: Harness,
+) -> None:
+    """Process A claims an answered request and checks it is undecided, then stalls past
+    its claim; process B claims it (stale), decides it and charges it; A wakes and stores
+    the answer again (refused). The pipeline's budget is charged for one answer."""
+    lane = _lane(harness, ScriptedBatches(answered))
+    await _park(harness, lane, "acme/a")
+    await lane._send("triage")
+    await lane._read()
+    (row,) = await _requests(harness)
+    assert row.status == BatchRequestStatus.ANSWERED
+    later = _lane(harness, lane.client)
+    later.clock = lambda: NOW + timedelta(hours=1)
+
+    async def b_decides() -> None:
+        await later._decide_one(row)
+
+    stale = _lane(harness, lane.client)
+    stale.sessions = _stalling(harness, b_decides)
+    await stale._decide_one(row)
+    spent = await harness.budgets.spent("triage")
+    one = harness.processor.trail.recorder.cost_usd(_reply(), batch=True)
+    assert spent.tokens == 120 and spent.cost_usd == pytest.approx(one)
+    outcome = await harness.rows(row.event_id)
+    assert [c.status for c in outcome.calls] == ["ok"] and len(outcome.outbox) == 1
+
+
+async def test_an_answered_request_is_decided_once_whenever_the_process_dies(
+    harness: Harness,
+) -> None:
+    """The process dies at each commit of a request's way (claimed, sent, answered, decided,
+    done) in turn; another carries on after the claim timeout: the event is decided once
+    (one set of tool calls), its answer charged once."""
+    client = ScriptedBatches(answered)
+    for at in range(1, 12):
+        event = await _park(harness, _lane(harness, client), f"acme/{at}")
+        dying = _lane(harness, client)
+        dying.sessions = _dying(harness, at=at)
+        try:
+            await dying.round()
+        except Killed:
+            pass
+        else:
+            break
+        later = _lane(harness, client)
+        later.clock = lambda: NOW + timedelta(hours=1)
+        for _ in range(3):
+            await later.round()
+        outcome = await harness.rows(event.id)
+        assert len(outcome.outbox) == 1, at
+        (row,) = [r for r in await _requests(harness) if r.event_id == event.id]
+        assert row.status == BatchRequestStatus.DONE, at
+    else:
+        raise AssertionError("the round never finished")
+    # Every event parked (one per round that died, and the last) charged for one answer.
+    assert (await harness.budgets.spent("triage")).tokens == 120 * at
