@@ -17,8 +17,9 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 import structlog
-from sqlalchemy import delete, exists, select
+from sqlalchemy import Exists, delete, exists, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.orm import aliased
 
 from app.events import FINAL_STATUSES
 from app.observability.metrics import RETENTION_DELETED
@@ -69,7 +70,11 @@ class RetentionRepository:
         ids = (
             await self.session.scalars(
                 select(WindowRow.id)
-                .where(WindowRow.status == WindowStatus.ENQUEUED, WindowRow.closed_at < before)
+                .where(
+                    WindowRow.status == WindowStatus.ENQUEUED,
+                    WindowRow.closed_at < before,
+                    _window_decided(),
+                )
                 .limit(limit)
             )
         ).all()
@@ -78,8 +83,11 @@ class RetentionRepository:
         return len(ids)
 
     async def finished_event_ids(self, *, before: datetime, limit: int) -> Sequence[str]:
+        # A member stays while its window is not decided: not enqueued yet, or its event
+        # (the one that lists the members in its prompt) not in a final state.
         undecided_window = exists().where(
-            WindowRow.id == EventRow.window_id, WindowRow.status != WindowStatus.ENQUEUED
+            WindowRow.id == EventRow.window_id,
+            (WindowRow.status != WindowStatus.ENQUEUED) | ~_window_decided(),
         )
         result = await self.session.scalars(
             select(EventRow.id)
@@ -105,6 +113,14 @@ class RetentionRepository:
             result = await self.session.execute(delete(table).where(column.in_(ids)))
             counts[table.__tablename__] = int(getattr(result, "rowcount", 0) or 0)
         return counts
+
+
+def _window_decided() -> Exists:
+    """The window's event (source ``window``) is in a final state."""
+    decided_by = aliased(EventRow)
+    return exists().where(
+        decided_by.id == WindowRow.event_id, decided_by.status.in_(FINAL_STATUSES)
+    )
 
 
 class RetentionJob:

@@ -51,8 +51,16 @@ async def _seed(sessions: async_sessionmaker[AsyncSession]) -> None:
                 _event("evt_recent", status="published", at=RECENT),
             ]
         )
-        # Two old windows: one decided (enqueued), one whose event is not on the stream yet.
-        for n, status in enumerate([WindowStatus.ENQUEUED, WindowStatus.CLOSED], start=1):
+        # Three old windows: one decided (its event published), one whose event is not on
+        # the stream yet, one whose event is on it but not decided yet.
+        for n, (status, decided_by) in enumerate(
+            [
+                (WindowStatus.ENQUEUED, "evt_old_published"),
+                (WindowStatus.CLOSED, None),
+                (WindowStatus.ENQUEUED, "evt_old_processing"),
+            ],
+            start=1,
+        ):
             session.add(
                 WindowRow(
                     id=n,
@@ -63,6 +71,7 @@ async def _seed(sessions: async_sessionmaker[AsyncSession]) -> None:
                     opened_at=OLD,
                     closes_at=OLD,
                     closed_at=OLD,
+                    event_id=decided_by,
                 )
             )
             member = _event(f"evt_old_windowed_{n}", status="windowed", at=OLD)
@@ -140,8 +149,13 @@ async def test_retention_deletes_old_finished_events_and_audit_rows(
         left = set((await session.scalars(select(EventRow.id))).all())
         calls = set((await session.scalars(select(LlmCallRow.id))).all())
     # In flight, too recent, or in a window still to be decided.
-    assert left == {"evt_old_processing", "evt_recent", "evt_old_windowed_2"}
-    assert await _count(sessions, WindowRow) == 1
+    assert left == {
+        "evt_old_processing",
+        "evt_recent",
+        "evt_old_windowed_2",
+        "evt_old_windowed_3",
+    }
+    assert await _count(sessions, WindowRow) == 2
     assert calls == {"llm_2"}
     assert await _count(sessions, OutboxRow) == 1
     assert await _count(sessions, DeadLetterRow) == 0
