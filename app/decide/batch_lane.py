@@ -207,8 +207,15 @@ class BatchLane:
             for row_id, call_id in call_ids.items():
                 outcome = trail.recorder.failure_outcome(attempts[row_id], exc)
                 await trail.complete(call_id, outcome | {"error": f"batch not created: {exc}"})
+            # Refused (not unreachable) for the last allowed time: given up, not sent again.
+            spent = [row for row in rows if counted and row.attempts >= MAX_ATTEMPTS]
+            for row in spent:
+                await self._give_up(
+                    row, reason=f"the API refused its batch {row.attempts} times; last: {exc}"
+                )
             async with self.sessions() as session:
-                await batches.give_back(session, [row.id for row in rows], counted=counted)
+                again = [row.id for row in rows if row not in spent]
+                await batches.give_back(session, again, counted=counted)
             self._backoff = min(max(self._backoff * 2, 1.0), MAX_BACKOFF_SECONDS)
             log.warning("batch_not_created", pipeline=name, error=str(exc), retry_in=self._backoff)
             return

@@ -421,3 +421,27 @@ async def test_an_answered_request_is_decided_once_whenever_the_process_dies(
         raise AssertionError("the round never finished")
     # Every event parked (one per round that died, and the last) charged for one answer.
     assert (await harness.budgets.spent("triage")).tokens == 120 * at
+
+
+class RefusingBatches(ScriptedBatches):
+    """The API refuses every batch (a 400: not worth sending as it is)."""
+
+    async def submit(self, requests: Sequence[tuple[str, ClaudeRequest]]) -> str:
+        raise ClaudeError(
+            "invalid_request_error: bad", error_type="BadRequestError", retryable=False
+        )
+
+
+async def test_a_batch_the_api_keeps_refusing_is_given_up_not_sent_for_ever(
+    harness: Harness,
+) -> None:
+    lane = _lane(harness, RefusingBatches(answered))
+    event = await _park(harness, lane, "acme/refused")
+    for _ in range(MAX_ATTEMPTS):
+        await lane.round()
+    (row,) = await _requests(harness)
+    assert (row.status, row.attempts) == (BatchRequestStatus.DONE, MAX_ATTEMPTS)
+    assert await _status(harness, event.id) == "dead_lettered"
+    await lane.round()  # nothing more is claimed or sent
+    (row,) = await _requests(harness)
+    assert row.attempts == MAX_ATTEMPTS
