@@ -96,9 +96,12 @@ async def test_two_gateways_decide_each_tick_once(
         digests = (await session.scalars(select(EventRow).where(EventRow.type == "digest"))).all()
     ticks = {row.received_at.replace(tzinfo=UTC) for row in digests}
     assert len(digests) == len(ticks) >= 2  # one event per tick
+    last = max(ticks)
     for row in digests:
         tick = row.received_at.replace(tzinfo=UTC)
-        assert row.id == digest_id("daily", tick) and row.status == "published"
+        # The last tick's digest may have been decided as the gateways stopped, not published.
+        assert row.id == digest_id("daily", tick)
+        assert row.status == "published" or (tick == last and row.status == "processing")
         if tick > started:  # the three events were stored by then
             assert row.payload["events"] == 3 and row.payload["by_type"] == {"issues.opened": 3}
             assert len(row.payload["events_listed_oldest_first"]) == 3
@@ -110,9 +113,10 @@ async def test_two_gateways_decide_each_tick_once(
     assert len(expected - ticks) <= 1
     # Claude was asked once per digest, and each was published once.
     asked = [r for r in fake_claude.behaviour.requests if "event type: digest" in str(r)]
-    assert len(asked) == len(digests)
+    published = [r.id for r in digests if r.status == "published"]
+    assert len(published) <= len(asked) <= len(digests)
     bodies = [orjson.loads(m["Body"]) for m in messages]
-    assert sorted(b["event"]["id"] for b in bodies) == sorted(r.id for r in digests)
+    assert sorted(b["event"]["id"] for b in bodies) == sorted(published)
 
 
 @pytest.mark.parametrize(
