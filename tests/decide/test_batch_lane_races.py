@@ -445,3 +445,53 @@ async def test_a_batch_the_api_keeps_refusing_is_given_up_not_sent_for_ever(
     await lane.round()  # nothing more is claimed or sent
     (row,) = await _requests(harness)
     assert row.attempts == MAX_ATTEMPTS
+
+
+async def test_a_batch_is_sent_when_max_requests_wait_or_the_oldest_waited_wait_seconds(
+    harness: Harness,
+) -> None:
+    text = config_text(
+        "    mode: batch\n    batch: {wait_seconds: 60, max_requests: 2, poll_seconds: 30}\n",
+        fallback=False,
+    )
+    now = [NOW]
+    client = ScriptedBatches(answered)
+    lane = BatchLane(
+        config=parse_config(text),
+        processor=harness.processor,
+        client=client,
+        sessions=harness.sessions,
+        clock=lambda: now[0],
+    )
+    await _park(harness, lane, "acme/one")
+    await lane.round()
+    assert client.batches == {}  # one waiting, for less than wait_seconds
+    await _park(harness, lane, "acme/two")
+    await lane.round()
+    assert [len(ids) for ids in client.batches.values()] == [2]  # max_requests reached
+    await _park(harness, lane, "acme/three")
+    now[0] = NOW + timedelta(seconds=59)
+    await lane.round()
+    assert len(client.batches) == 1
+    now[0] = NOW + timedelta(seconds=61)  # parked at NOW: it has waited wait_seconds
+    await lane.round()
+    assert [len(ids) for ids in client.batches.values()] == [2, 1]
+
+
+class UnreachableBatches(ScriptedBatches):
+    async def submit(self, requests: Sequence[tuple[str, ClaudeRequest]]) -> str:
+        raise ClaudeError("connection failed", error_type="APIConnectionError", retryable=True)
+
+
+async def test_a_batch_the_api_cannot_be_reached_for_waits_longer_each_time(
+    harness: Harness,
+) -> None:
+    lane = _lane(harness, UnreachableBatches(answered))
+    await _park(harness, lane, "acme/unreachable")
+    pauses = []
+    for _ in range(4):
+        await lane.round()
+        pauses.append(lane._backoff)
+    assert pauses == [1.0, 2.0, 4.0, 8.0]
+    (row,) = await _requests(harness)  # not counted against the request
+    assert (row.status, row.attempts) == (BatchRequestStatus.PENDING, 0)
