@@ -495,3 +495,40 @@ async def test_a_batch_the_api_cannot_be_reached_for_waits_longer_each_time(
     assert pauses == [1.0, 2.0, 4.0, 8.0]
     (row,) = await _requests(harness)  # not counted against the request
     assert (row.status, row.attempts) == (BatchRequestStatus.PENDING, 0)
+
+
+class CountedRunningBatches(ScriptedBatches):
+    """Its batches never end; it counts how often it is asked."""
+
+    def __init__(self) -> None:
+        super().__init__(answered)
+        self.asked = 0
+
+    async def status(self, batch_id: str) -> BatchStatus:
+        self.asked += 1
+        return BatchStatus(
+            batch_id, "in_progress", BatchCounts(1, 0, 0, 0, 0), NOW + timedelta(days=1)
+        )
+
+
+async def test_a_running_batch_is_asked_about_every_poll_seconds(harness: Harness) -> None:
+    text = config_text(
+        "    mode: batch\n    batch: {wait_seconds: 0, max_requests: 10, poll_seconds: 30}\n",
+        fallback=False,
+    )
+    now = [NOW]
+    client = CountedRunningBatches()
+    lane = BatchLane(
+        config=parse_config(text),
+        processor=harness.processor,
+        client=client,
+        sessions=harness.sessions,
+        clock=lambda: now[0],
+    )
+    await _park(harness, lane, "acme/slow")
+    asked = []
+    for seconds in (0, 10, 29, 31, 45, 62):
+        now[0] = NOW + timedelta(seconds=seconds)
+        await lane.round()
+        asked.append(client.asked)
+    assert asked == [1, 1, 1, 2, 2, 3]
