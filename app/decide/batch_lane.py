@@ -307,7 +307,7 @@ class BatchLane:
                     await self.processor.caller.budgets.charge(
                         row.pipeline,
                         tokens=result.input_tokens + result.output_tokens,
-                        cost_usd=trail.recorder.cost_usd(result, batch=True),
+                        cost_usd=float(outcome["cost_usd"]),
                     )
             BATCH_REQUESTS.labels(pipeline=row.pipeline, outcome="succeeded").inc()
             return
