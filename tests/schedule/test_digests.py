@@ -91,7 +91,7 @@ async def test_two_gateways_decide_each_tick_once(
         started = datetime.now(UTC)
         await asyncio.sleep(5.5)  # two or three ticks of 2 s
         stopped = datetime.now(UTC)
-        messages = await asyncio.to_thread(sns.receive, sns.fifo_url, expected=10, timeout=6)
+    # Both gateways have stopped: what the table says published is in the queue by now.
     async with sessions() as session:
         digests = (await session.scalars(select(EventRow).where(EventRow.type == "digest"))).all()
     ticks = {row.received_at.replace(tzinfo=UTC) for row in digests}
@@ -115,8 +115,12 @@ async def test_two_gateways_decide_each_tick_once(
     asked = [r for r in fake_claude.behaviour.requests if "event type: digest" in str(r)]
     published = [r.id for r in digests if r.status == "published"]
     assert len(published) <= len(asked) <= len(digests)
-    bodies = [orjson.loads(m["Body"]) for m in messages]
-    assert sorted(b["event"]["id"] for b in bodies) == sorted(published)
+    messages = await asyncio.to_thread(sns.receive, sns.fifo_url, expected=len(digests), timeout=4)
+    received = [orjson.loads(m["Body"])["event"]["id"] for m in messages]
+    assert len(received) == len(set(received))  # none twice
+    # A digest stopped between its publish and its row's update is in the queue yet "processing".
+    in_flight = {r.id for r in digests if r.status == "processing"}
+    assert set(published) <= set(received) <= set(published) | in_flight
 
 
 @pytest.mark.parametrize(
