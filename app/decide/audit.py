@@ -19,7 +19,7 @@ from app.events import Event
 from app.llm.attempts import Attempt, usage_of
 from app.llm.client import ClaudeError, ClaudeReply
 from app.llm.pricing import PriceTable
-from app.store.models import CallPurpose, LlmCallRow, LlmCallStatus
+from app.store.models import CallPurpose, LlmCallStatus
 from app.store.repository import LlmCallRepository
 
 
@@ -39,17 +39,18 @@ class AuditRecorder:
         call_id: str,
         purpose: str = CallPurpose.LIVE,
         cache_hit: bool = False,
-    ) -> LlmCallRow:
-        return LlmCallRow(
+    ) -> dict[str, Any]:
+        """The columns of an attempt's row before its call (the database fills the others)."""
+        return {
             **self._common(event, attempt, call_id=call_id),
-            purpose=purpose,
-            cache_hit=cache_hit,
-            model=attempt.request.model,
-            status=LlmCallStatus.UNKNOWN,
-            latency_ms=0.0,
-            tool_calls=[],
-            cost_usd=0.0,
-        )
+            "purpose": purpose,
+            "cache_hit": cache_hit,
+            "model": attempt.request.model,
+            "status": LlmCallStatus.UNKNOWN,
+            "latency_ms": 0.0,
+            "tool_calls": [],
+            "cost_usd": 0.0,
+        }
 
     def failure_outcome(self, attempt: Attempt, exc: ClaudeError) -> dict[str, Any]:
         return _outcome(
@@ -148,7 +149,7 @@ class AuditTrail:
             event, attempt, call_id=call_id, purpose=purpose, cache_hit=cache_hit
         )
         async with self.autocommit.connect() as connection:
-            await LlmCallRepository(connection).add(row)
+            await LlmCallRepository(connection).insert(row)
         return call_id
 
     async def complete(self, call_id: str, outcome: dict[str, Any]) -> None:

@@ -284,7 +284,11 @@ class LlmCallRepository:
         self.session = session
 
     async def add(self, row: LlmCallRow) -> None:
-        await self.session.execute(INSERT_LLM_CALL, [_column_values(row)])
+        await self.insert(_column_values(row))
+
+    async def insert(self, values: dict[str, Any]) -> None:
+        """A new row from its column values (one dict: not the executemany path)."""
+        await self.session.execute(INSERT_LLM_CALL, values)
 
     async def complete(self, call_id: str, outcome: dict[str, Any]) -> None:
         """Fill in the outcome (every one of ``OUTCOME_FIELDS``) of an attempt whose row was
