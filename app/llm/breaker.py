@@ -22,11 +22,13 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 import structlog
 from redis.asyncio import Redis
 
 from app.observability.metrics import CIRCUIT_BREAKER_STATE
+from app.redis_scripts import ScriptCall
 
 log = structlog.get_logger(__name__)
 
@@ -141,20 +143,34 @@ class CircuitBreaker:
 
     async def allow(self, provider: str, model: str) -> Permit:
         """May a call to ``model`` start now? A half-open permit makes the caller the probe."""
+        return self.allowed(model, await self.allow_call(provider, model).run())
+
+    def allow_call(self, provider: str, model: str) -> ScriptCall:
+        """``allow``, for ``run_scripts`` (its reply read by ``allowed``)."""
         p = self.policy
-        granted, state, wait = await self._allow(
-            keys=self._keys(provider, model)[:1],
-            args=[self.clock(), p.cooldown_seconds, p.probe_ttl_seconds],
+        return ScriptCall(
+            self._allow,
+            self._keys(provider, model)[:1],
+            [self.clock(), p.cooldown_seconds, p.probe_ttl_seconds],
         )
+
+    def allowed(self, model: str, reply: Any) -> Permit:
+        granted, state, wait = reply
         permit = Permit(bool(granted), BreakerState(_text(state)), float(_text(wait)))
         CIRCUIT_BREAKER_STATE.labels(model=model).set(STATE_VALUE[permit.state])
         return permit
 
     async def record(self, provider: str, model: str, *, ok: bool, permit: Permit) -> BreakerState:
+        call = self.record_call(provider, model, ok=ok, permit=permit)
+        return self.recorded(provider, model, await call.run())
+
+    def record_call(self, provider: str, model: str, *, ok: bool, permit: Permit) -> ScriptCall:
+        """``record``, for ``run_scripts`` (its reply read by ``recorded``)."""
         p = self.policy
-        raw, changed = await self._record(
-            keys=self._keys(provider, model),
-            args=[
+        return ScriptCall(
+            self._record,
+            self._keys(provider, model),
+            [
                 self.clock(),
                 int(ok),
                 int(permit.probe),
@@ -165,6 +181,9 @@ class CircuitBreaker:
                 p.consecutive_failures,
             ],
         )
+
+    def recorded(self, provider: str, model: str, reply: Any) -> BreakerState:
+        raw, changed = reply
         state = BreakerState(_text(raw))
         if changed:
             log.warning("circuit_breaker_changed", provider=provider, model=model, state=state)

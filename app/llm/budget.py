@@ -12,13 +12,23 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from redis.asyncio import Redis
 
 from app.config import BudgetConfig
 from app.observability.metrics import LLM_BUDGET_REMAINING
+from app.redis_scripts import ScriptCall
 
 _DAY = 86_400
+
+# KEYS: the day's hash. ARGV: tokens, cost in USD, TTL. Returns the day's totals.
+_CHARGE = """
+local tokens = redis.call('HINCRBY', KEYS[1], 'tokens', ARGV[1])
+local cost = redis.call('HINCRBYFLOAT', KEYS[1], 'cost_usd', ARGV[2])
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+return {tokens, cost}
+"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +60,7 @@ class BudgetLedger:
         self.redis = redis
         self.prefix = prefix
         self.clock = clock
+        self._charge = redis.register_script(_CHARGE)
 
     def key(self, pipeline: str) -> str:
         day = datetime.fromtimestamp(self.clock(), UTC).strftime("%Y-%m-%d")
@@ -64,13 +75,19 @@ class BudgetLedger:
         return Spend(int(tokens or 0), float(cost or 0.0))
 
     async def charge(self, pipeline: str, *, tokens: int, cost_usd: float) -> Spend:
-        key = self.key(pipeline)
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hincrby(key, "tokens", tokens)
-            pipe.hincrbyfloat(key, "cost_usd", cost_usd)
-            pipe.expire(key, 2 * _DAY)
-            total_tokens, total_cost, _ = await pipe.execute()
-        return Spend(int(total_tokens), float(total_cost))
+        return self.charged(
+            await self.charge_call(pipeline, tokens=tokens, cost_usd=cost_usd).run()
+        )
+
+    def charge_call(self, pipeline: str, *, tokens: int, cost_usd: float) -> ScriptCall:
+        """The charge, for ``run_scripts`` (its reply read by ``charged``)."""
+        return ScriptCall(self._charge, [self.key(pipeline)], [tokens, repr(cost_usd), 2 * _DAY])
+
+    @staticmethod
+    def charged(reply: Any) -> Spend:
+        """The day's totals after a charge."""
+        tokens, cost = reply
+        return Spend(int(tokens), float(cost.decode() if isinstance(cost, bytes) else cost))
 
     async def status(self, pipeline: str, budget: BudgetConfig) -> BudgetStatus:
         return self.evaluate(pipeline, budget, await self.spent(pipeline))

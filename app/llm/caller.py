@@ -40,6 +40,7 @@ from app.llm.health import LlmHealth
 from app.llm.pricing import PriceTable
 from app.llm.ratelimit import RateLimiter, Reservation, estimate_input_tokens
 from app.observability.metrics import LLM_COST, LLM_DURATION, LLM_REQUESTS, LLM_TOKENS
+from app.redis_scripts import run_scripts
 
 log = structlog.get_logger(__name__)
 AUTH_STATUSES = frozenset({401, 403})
@@ -145,11 +146,10 @@ class GuardedCaller:
         retries, spent = 0, 0.0
         while True:
             await self._admit_budget(pipeline_name, pipeline)
-            model, permit = await self._permit(pipeline, preferred=request.model)
+            model, permit, reservation = await self._permit_and_reserve(pipeline, request)
             this = Attempt(
                 attempt, pipeline.provider, replace(request, model=model), permit.state, reason
             )
-            reservation = await self._reserve(this.request)
             call_id = await self._begin(record, this, reservation, fence)
             try:
                 reply = await self._attempt(pipeline_name, client, this.request, spent=spent)
@@ -208,6 +208,32 @@ class GuardedCaller:
             with contextlib.suppress(Exception):
                 await self.limiter.settle(reservation, input_tokens=0, output_tokens=0, headers={})
             raise
+
+    async def _permit_and_reserve(
+        self, pipeline: PipelineConfig, request: ClaudeRequest
+    ) -> tuple[str, Permit, Reservation]:
+        """The model to call, its breaker permit and its rate-limit reservation. Both are asked
+        for in one round trip first; only when one says wait is it the two steps below (a
+        refused permit gives the reservation back, a granted one is kept: it may be the
+        half-open probe, which a second ask would not get)."""
+        estimate = estimate_input_tokens(request.as_api())
+        wanted = self.limiter.acquire_call(
+            request.model, input_tokens=estimate, output_tokens=request.max_tokens
+        )
+        if wanted is None:
+            model, permit = await self._permit(pipeline, preferred=request.model)
+            return model, permit, await self._reserve(replace(request, model=model))
+        ask = self.breaker.allow_call(pipeline.provider, request.model)
+        allow_reply, wait = await run_scripts([ask, wanted])
+        permit = self.breaker.allowed(request.model, allow_reply)
+        taken = float(wait) <= 0
+        reservation = Reservation(request.model, estimate, request.max_tokens)
+        if permit.allowed:
+            return request.model, permit, reservation if taken else await self._reserve(request)
+        if taken:
+            await self.limiter.release(reservation)
+        model, permit = await self._permit(pipeline, preferred=request.model)
+        return model, permit, await self._reserve(replace(request, model=model))
 
     async def _reserve(self, request: ClaudeRequest) -> Reservation:
         """Wait for the rate limit; a success's reservation is settled by ``account``, a
@@ -312,22 +338,27 @@ class GuardedCaller:
             await self.limiter.hold(model, exc.retry_after if exc.retry_after is not None else 1.0)
 
     async def account(self, result: CallResult) -> None:
-        """Settle the rate limit, close the breaker's books and charge the budget: three Redis
-        updates that do not depend on each other, sent together. The pipeline runs this beside
-        its database write, so a Redis failure cannot lose the audit row of a paid call."""
+        """Settle the rate limit, close the breaker's books and charge the budget: Redis updates
+        that do not depend on each other, in one round trip (``run_scripts``). The pipeline runs
+        this beside its database write, so a Redis failure cannot lose the audit row of a paid
+        call."""
         reply, this = result.reply, result.attempt
         usage = usage_of(reply)
-        _, _, spend = await asyncio.gather(
-            self.limiter.settle(
-                result.reservation,
-                # Cache reads do not count towards the input-tokens-per-minute limit.
-                input_tokens=reply.input_tokens + reply.cache_creation_input_tokens,
-                output_tokens=reply.output_tokens,
-                headers=reply.headers,
-            ),
-            self.breaker.record(this.provider, this.request.model, ok=True, permit=result.permit),
-            self.budgets.charge(result.pipeline, tokens=usage.total, cost_usd=result.cost_usd),
+        settle = self.limiter.settle_call(
+            result.reservation,
+            # Cache reads do not count towards the input-tokens-per-minute limit.
+            input_tokens=reply.input_tokens + reply.cache_creation_input_tokens,
+            output_tokens=reply.output_tokens,
+            headers=reply.headers,
         )
+        provider, model = this.provider, this.request.model
+        calls = [
+            self.breaker.record_call(provider, model, ok=True, permit=result.permit),
+            self.budgets.charge_call(result.pipeline, tokens=usage.total, cost_usd=result.cost_usd),
+        ]
+        recorded, charged, *_ = await run_scripts([*calls, *([settle] if settle else [])])
+        self.breaker.recorded(provider, model, recorded)
+        spend = BudgetLedger.charged(charged)
         budget = self.config.pipelines[result.pipeline].budget
         if budget is not None:
             BudgetLedger.evaluate(result.pipeline, budget, spend)

@@ -25,6 +25,7 @@ import orjson
 from redis.asyncio import Redis
 
 from app.observability.metrics import LLM_RATE_WAIT
+from app.redis_scripts import ScriptCall
 
 _DIMS = ("requests", "input-tokens", "output-tokens")
 
@@ -142,10 +143,21 @@ class RateLimiter:
 
     async def try_acquire(self, model: str, *, input_tokens: int, output_tokens: int) -> float:
         """Take one request and the tokens and return 0, or take nothing and return the wait."""
+        call = self._acquire_call(model, input_tokens=input_tokens, output_tokens=output_tokens)
+        return float(await call.run())
+
+    def acquire_call(
+        self, model: str, *, input_tokens: int, output_tokens: int
+    ) -> ScriptCall | None:
+        """``try_acquire``, for ``run_scripts`` (its reply is the wait, 0: taken); None when
+        this limiter's acquire is more than that one script."""
+        return self._acquire_call(model, input_tokens=input_tokens, output_tokens=output_tokens)
+
+    def _acquire_call(self, model: str, *, input_tokens: int, output_tokens: int) -> ScriptCall:
         lim = self.limits(model)
         args = [self.clock(), lim.requests, 1, lim.input_tokens, input_tokens]
         args += [lim.output_tokens, output_tokens]
-        return float(await self._acquire(keys=[self.key(model)], args=args))
+        return ScriptCall(self._acquire, [self.key(model)], args)
 
     async def acquire(self, model: str, *, input_tokens: int, output_tokens: int) -> Reservation:
         while (
@@ -189,26 +201,50 @@ class RateLimiter:
         headers: Mapping[str, str],
     ) -> None:
         """Give back (or owe) the difference to the real usage; apply the API's headers."""
+        call = self.settle_call(
+            reservation, input_tokens=input_tokens, output_tokens=output_tokens, headers=headers
+        )
+        if call is not None:
+            await call.run()
+
+    def settle_call(
+        self,
+        reservation: Reservation,
+        *,
+        input_tokens: int,
+        output_tokens: int,
+        headers: Mapping[str, str],
+    ) -> ScriptCall | None:
+        """``settle``, for ``run_scripts``; None when it would change nothing."""
         deltas = (
             0,
             input_tokens - reservation.input_tokens,
             output_tokens - reservation.output_tokens,
         )
-        await self._apply(reservation.model, deltas=deltas, headers=headers)
+        return self._adjust_call(reservation.model, deltas=deltas, headers=headers)
+
+    async def release(self, reservation: Reservation) -> None:
+        """Give all of an unused reservation back, its request too: no call was made."""
+        deltas = (-1, -reservation.input_tokens, -reservation.output_tokens)
+        call = self._adjust_call(reservation.model, deltas=deltas, headers={})
+        if call is not None:
+            await call.run()
 
     async def hold(self, model: str, seconds: float) -> None:
         """No process starts a call to ``model`` for ``seconds`` (e.g. a 429's retry-after)."""
         seconds = min(max(seconds, 0.0), self.max_hold)
-        await self._apply(model, deltas=(0, 0, 0), headers={}, hold=self.clock() + seconds)
+        call = self._adjust_call(model, deltas=(0, 0, 0), headers={}, hold=self.clock() + seconds)
+        if call is not None:
+            await call.run()
 
-    async def _apply(
+    def _adjust_call(
         self,
         model: str,
         *,
         deltas: tuple[int, int, int],
         headers: Mapping[str, str],
         hold: float = 0.0,
-    ) -> None:
+    ) -> ScriptCall | None:
         now = self.clock()
         lim = self.limits(model)
         caps = (lim.requests, lim.input_tokens, lim.output_tokens)
@@ -220,8 +256,10 @@ class RateLimiter:
                 reset = _reset_at(headers.get(f"anthropic-ratelimit-{dim}-reset"))
                 until = min(reset if reset is not None else now + 1.0, now + self.max_hold)
                 hold = max(hold, until)
+        if hold <= 0 and not any(caps):
+            return None  # no local limit and no hold: the script would change nothing
         args.append(hold)
-        await self._adjust(keys=[self.key(model)], args=args)
+        return ScriptCall(self._adjust, [self.key(model)], args)
 
 
 def _str(value: bytes | str) -> str:
@@ -271,6 +309,11 @@ class YieldingRateLimiter(RateLimiter):
             return await super().acquire(
                 model, input_tokens=input_tokens, output_tokens=output_tokens
             )
+
+    def acquire_call(
+        self, model: str, *, input_tokens: int, output_tokens: int
+    ) -> ScriptCall | None:
+        return None  # the reserve is checked first, under the lock: see ``acquire``
 
     def _short_of_reserve(self, room: Headroom, costs: tuple[int, int, int]) -> float:
         """Seconds until every capped bucket holds its cost above the reserve (0: now)."""

@@ -19,19 +19,22 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.llm.breaker import BreakerState, CircuitBreaker, Permit
-from app.llm.budget import BudgetLedger, Spend
+from app.llm.budget import BudgetLedger
 from app.llm.caller import run_together
+from app.redis_scripts import ScriptCall
 from tests.llm.harness import BASE, Script, build, error, make_event, reply
+from tests.llm.helpers import on_a_redis_gone
 
 # Armed by the Claude stub, i.e. once the request has reached Claude.
 outage = {"on": False}
 
 
 class LedgerLosingRedis(BudgetLedger):
-    async def charge(self, pipeline: str, *, tokens: int, cost_usd: float) -> Spend:
+    def charge_call(self, pipeline: str, *, tokens: int, cost_usd: float) -> ScriptCall:
+        call = super().charge_call(pipeline, tokens=tokens, cost_usd=cost_usd)
         if outage["on"]:
-            raise RedisConnectionError("Redis went away")
-        return await super().charge(pipeline, tokens=tokens, cost_usd=cost_usd)
+            return on_a_redis_gone(call)
+        return call
 
 
 class BreakerLosingRedis(CircuitBreaker):

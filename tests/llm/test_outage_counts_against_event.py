@@ -7,8 +7,8 @@ waits for it." The worker kept that promise for its own counter, but every call 
 EVENTGATE_MAX_DELIVERIES``: five in-place retries while Redis (breaker, rate limiter and
 budget live there) was unreachable dead-lettered the event without Claude ever being asked.
 The test drives ``process`` as the worker does: again after each unavailable-dependency
-failure. Redis itself stays real; the breaker's calls fail as a dropped connection makes
-them fail (a subclass passed to the constructor, like ``test_bookkeeping_outage.py``).
+failure. Redis itself stays real; the breaker's scripts go to a Redis nobody listens on (a
+subclass passed to the constructor, like ``test_bookkeeping_outage.py``).
 """
 
 from __future__ import annotations
@@ -23,19 +23,18 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.faults import dependency_unavailable
-from app.llm.breaker import CircuitBreaker, Permit
+from app.llm.breaker import CircuitBreaker
+from app.redis_scripts import ScriptCall
 from tests.llm.harness import BASE, build, make_event, reply
+from tests.llm.helpers import on_a_redis_gone
 
 outage = {"on": False}
 
 
 class BreakerBehindFlappingRedis(CircuitBreaker):
-    async def allow(self, provider: str, model: str) -> Permit:
-        if outage["on"]:
-            raise RedisConnectionError(
-                "Error 111 connecting to 127.0.0.1:6379. Connection refused."
-            )
-        return await super().allow(provider, model)
+    def allow_call(self, provider: str, model: str) -> ScriptCall:
+        call = super().allow_call(provider, model)
+        return on_a_redis_gone(call) if outage["on"] else call
 
 
 @pytest.fixture

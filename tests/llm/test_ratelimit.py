@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
@@ -118,6 +119,41 @@ async def test_api_headers_cap_buckets_and_hold_every_process(
         },
     )
     assert await free[1].try_acquire(M, input_tokens=1, output_tokens=1) == pytest.approx(20.0)
+
+
+async def test_a_settle_that_can_change_nothing_sends_nothing(
+    redis: Redis, redis_prefix: str
+) -> None:
+    """With no local limit, settling only matters when a header holds the model: the other
+    settles (every call's, by default) make no round trip."""
+    limiter = RateLimiter(redis, prefix=redis_prefix, limits=lambda _: ModelLimits())
+    sent: list[object] = []
+    adjust = limiter._adjust
+
+    async def counted(**kwargs: Any) -> Any:
+        sent.append(kwargs)
+        return await adjust(**kwargs)
+
+    limiter._adjust = counted  # type: ignore[assignment]
+    reservation = await limiter.acquire(M, input_tokens=100, output_tokens=100)
+    remaining = {"anthropic-ratelimit-requests-remaining": "7"}
+    await limiter.settle(reservation, input_tokens=5, output_tokens=5, headers=remaining)
+    assert sent == []
+    await limiter.settle(
+        reservation,
+        input_tokens=5,
+        output_tokens=5,
+        headers={"anthropic-ratelimit-requests-remaining": "0"},
+    )
+    assert len(sent) == 1
+    assert await limiter.try_acquire(M, input_tokens=1, output_tokens=1) > 0
+    # With a local limit every settle goes to Redis: it gives back what the estimate took.
+    limited = RateLimiter(
+        redis, prefix=redis_prefix + "-lim", limits=lambda _: ModelLimits(input_tokens=1000)
+    )
+    reservation = await limited.acquire(M, input_tokens=900, output_tokens=1)
+    await limited.settle(reservation, input_tokens=0, output_tokens=0, headers={})
+    assert await limited.try_acquire(M, input_tokens=900, output_tokens=1) == 0
 
 
 async def test_retry_after_holds_the_model_and_is_clamped(redis: Redis, redis_prefix: str) -> None:
