@@ -70,11 +70,25 @@ def check_readable(schema: Any) -> None:
 
 
 def _root(schema: Any) -> _Place:
-    """The schema as validation's root resolver holds it, its embedded resources crawled once."""
+    """The schema as validation's root resolver holds it, its embedded resources crawled once
+    per schema object: a tool's schema is the configuration's, read for every reply, and
+    the crawl cost more than the filter. (Registries and resolvers are immutable.)"""
+    cached = _ROOTS.get(id(schema))
+    if cached is not None and cached.schema is schema:
+        return cached
     resource = DRAFT202012.create_resource(schema)
     uri = resource.id() or ""
     registry: Registry[Any] = Registry().with_resource(uri, resource).crawl()
-    return _Place(schema, registry.resolver(base_uri=uri))
+    place = _Place(schema, registry.resolver(base_uri=uri))
+    if len(_ROOTS) >= _ROOTS_KEPT:
+        _ROOTS.pop(next(iter(_ROOTS)))
+    _ROOTS[id(place.schema)] = place  # holds the schema: its id is not reused meanwhile
+    return place
+
+
+# Roots by ``id`` of their schema, oldest first; a configuration offers a few tools.
+_ROOTS: dict[int, _Place] = {}
+_ROOTS_KEPT = 256
 
 
 def _filter(

@@ -36,15 +36,24 @@ def bedrock_client(settings: Settings) -> ClaudeClient:
 
 
 def model_limits(settings: Settings, config: GatewayConfig) -> Callable[[str], ModelLimits]:
+    """Each model's limits, worked out once (the limiter asks for every call)."""
+    known: dict[str, ModelLimits] = {}
+
     def limits(model: str) -> ModelLimits:
+        found = known.get(model)
+        if found is not None:
+            return found
         own = config.models.get(model) or ModelConfig()
-        return ModelLimits(
+        found = ModelLimits(
             requests=_either(own.requests_per_minute, settings.llm_requests_per_minute),
             input_tokens=_either(own.input_tokens_per_minute, settings.llm_input_tokens_per_minute),
             output_tokens=_either(
                 own.output_tokens_per_minute, settings.llm_output_tokens_per_minute
             ),
         )
+        if len(known) < 1024:  # models named by the configuration and its replies: few
+            known[model] = found
+        return found
 
     return limits
 
