@@ -2,9 +2,10 @@
 
 An event is deleted only in a final state (published, no_action, dead_lettered, windowed)
 and only when its last change is older than the cutoff; its tool calls, dead letters and
-batch requests (which keep its whole prompt) go with it. A windowed event stays while its
-window's event is not on the stream yet (it is part of what that event will be decided on);
-a window goes once its event is enqueued and it closed before the cutoff. Audit rows
+batch requests (which keep its whole prompt) go with it. A windowed event stays as long as
+its window does, and a window as long as its event (the one decided on the members'
+prompt): a dead-lettered window event can be replayed with all its members until retention
+takes it, and its window with it; the members go in a later round. Audit rows
 (``llm_calls``) go by their own age. Deletes run in small batches, each its own transaction,
 so the job never holds long locks; several gateways running it at once only repeat
 idempotent deletes.
@@ -17,9 +18,8 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 import structlog
-from sqlalchemy import Exists, delete, exists, select
+from sqlalchemy import delete, exists, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
-from sqlalchemy.orm import aliased
 
 from app.events import FINAL_STATUSES
 from app.observability.metrics import RETENTION_DELETED
@@ -31,7 +31,6 @@ from app.store.models import (
     OutboxRow,
     ShadowDecisionRow,
     WindowRow,
-    WindowStatus,
     utcnow,
 )
 
@@ -66,35 +65,16 @@ class RetentionRepository:
             )
         return len(ids)
 
-    async def delete_windows(self, *, before: datetime, limit: int) -> int:
-        ids = (
-            await self.session.scalars(
-                select(WindowRow.id)
-                .where(
-                    WindowRow.status == WindowStatus.ENQUEUED,
-                    WindowRow.closed_at < before,
-                    _window_decided(),
-                )
-                .limit(limit)
-            )
-        ).all()
-        if ids:
-            await self.session.execute(delete(WindowRow).where(WindowRow.id.in_(ids)))
-        return len(ids)
-
     async def finished_event_ids(self, *, before: datetime, limit: int) -> Sequence[str]:
-        # A member stays while its window is not decided: not enqueued yet, or its event
-        # (the one that lists the members in its prompt) not in a final state.
-        undecided_window = exists().where(
-            WindowRow.id == EventRow.window_id,
-            (WindowRow.status != WindowStatus.ENQUEUED) | ~_window_decided(),
-        )
+        # A member stays while its window does: the window's event lists the members in
+        # its prompt, and a replay of it reads them again.
+        in_a_window = exists().where(WindowRow.id == EventRow.window_id)
         result = await self.session.scalars(
             select(EventRow.id)
             .where(
                 EventRow.status.in_(FINAL_STATUSES),
                 EventRow.updated_at < before,
-                ~undecided_window,
+                ~in_a_window,
             )
             .limit(limit)
         )
@@ -102,25 +82,19 @@ class RetentionRepository:
 
     async def delete_events(self, ids: Sequence[str]) -> dict[str, int]:
         """The events, their outbox rows, dead letters and batch requests (children first:
-        foreign keys)."""
+        foreign keys), and the windows they were decided for (their members go once their
+        window has: ``finished_event_ids``)."""
         counts = {}
         for table, column in (
             (OutboxRow, OutboxRow.event_id),
             (BatchRequestRow, BatchRequestRow.event_id),
             (DeadLetterRow, DeadLetterRow.event_id),
+            (WindowRow, WindowRow.event_id),
             (EventRow, EventRow.id),
         ):
             result = await self.session.execute(delete(table).where(column.in_(ids)))
             counts[table.__tablename__] = int(getattr(result, "rowcount", 0) or 0)
         return counts
-
-
-def _window_decided() -> Exists:
-    """The window's event (source ``window``) is in a final state."""
-    decided_by = aliased(EventRow)
-    return exists().where(
-        decided_by.id == WindowRow.event_id, decided_by.status.in_(FINAL_STATUSES)
-    )
 
 
 class RetentionJob:
@@ -162,17 +136,15 @@ class RetentionJob:
                 repo = RetentionRepository(session)
                 calls = await repo.delete_llm_calls(before=cutoff, limit=self.batch_size)
                 shadows = await repo.delete_shadow_decisions(before=cutoff, limit=self.batch_size)
-                closed = await repo.delete_windows(before=cutoff, limit=self.batch_size)
                 ids = await repo.finished_event_ids(before=cutoff, limit=self.batch_size)
                 counts = await repo.delete_events(ids) if ids else {}
                 await session.commit()
             counts["llm_calls"] = calls
             counts["shadow_decisions"] = shadows
-            counts["windows"] = closed
             for table, count in counts.items():
                 totals[table] += count
                 RETENTION_DELETED.labels(table=table).inc(count)
-            if max(calls, shadows, closed, len(ids)) < self.batch_size:
+            if max(calls, shadows, len(ids)) < self.batch_size:
                 break
         if any(totals.values()):
             log.info("retention_deleted", cutoff=cutoff.isoformat(), **totals)

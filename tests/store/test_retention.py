@@ -201,3 +201,46 @@ async def test_retention_deletes_a_finished_events_batch_request_with_it(
     async with sessions() as session:
         left = (await session.scalars(select(BatchRequestRow.event_id))).all()
     assert left == ["evt_old_parked"]
+
+
+async def test_a_window_and_its_members_stay_as_long_as_its_event(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    """A window's event dead-lettered yesterday, its members windowed 40 days ago: a replay
+    of that event reads the members again, so they stay (with their window) until retention
+    takes the event itself. A window whose event is not stored yet (still on the stream)
+    stays too."""
+    async with sessions() as session:
+        session.add(_event("wn_recent_dead", status="dead_lettered", at=RECENT))
+        for n, decided_by in ((1, "wn_recent_dead"), (2, "wn_not_delivered_yet")):
+            session.add(
+                WindowRow(
+                    id=n,
+                    pipeline="incidents",
+                    group_key=f"acme/w{n}",
+                    status=WindowStatus.ENQUEUED,
+                    events=2,
+                    opened_at=OLD,
+                    closes_at=OLD,
+                    closed_at=OLD,
+                    event_id=decided_by,
+                )
+            )
+            for position in (1, 2):
+                member = _event(f"evt_member_{n}_{position}", status="windowed", at=OLD)
+                member.window_id, member.window_position = n, position
+                session.add(member)
+        await session.commit()
+    job = RetentionJob(sessions=sessions, max_age_seconds=30 * 86400, interval_seconds=60)
+    await job.run_once(now=NOW)
+    assert await _count(sessions, EventRow) == 5
+    assert await _count(sessions, WindowRow) == 2
+    # Once the event is old enough it goes, with its window; its members follow.
+    later = NOW + timedelta(days=30)
+    await job.run_once(now=later)
+    await job.run_once(now=later)
+    async with sessions() as session:
+        left = set((await session.scalars(select(EventRow.id))).all())
+        windows = set((await session.scalars(select(WindowRow.id))).all())
+    assert left == {"evt_member_2_1", "evt_member_2_2"}
+    assert windows == {2}
