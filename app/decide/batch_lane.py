@@ -21,8 +21,10 @@ half the price, answered within 24 hours instead of seconds.
   ``MAX_ATTEMPTS`` in all; then, in one transaction, it is done and its event
   dead-lettered with the reason. A request whose pipeline is gone from the config is given
   up the same way; one whose pipeline is no longer ``mode: batch`` is sent all the same.
-  Creating a batch that the API refuses (4xx) counts as an attempt; one that cannot reach
-  the API does not, and the lane waits longer each time (up to ``MAX_BACKOFF_SECONDS``).
+  A batch of several requests that the API refuses (4xx) is split: its requests are sent one
+  per batch from the next round on, and only a request refused on its own counts that as
+  an attempt. Failing to reach the API counts for none, and the lane waits longer each time
+  (up to ``MAX_BACKOFF_SECONDS``).
 - Answers are decided in per-key order: a request is decided only when every earlier one of
   its pipeline and key is done (a retried request holds the key's later answers back), by
   the processor's own store (checked, outbox rows and status in one transaction; refused and
@@ -111,6 +113,10 @@ class BatchLane:
         self.pipelines = {n: p for n, p in config.pipelines.items() if p.mode == "batch"}
         self._backoff = 0.0
         self._next_poll: dict[str, datetime] = {}
+        # Requests of a batch the API refused, sent one per batch from then on: only the one
+        # at fault is refused again and counts attempts (kept in memory: after a restart a
+        # refused batch is split again).
+        self._alone: set[int] = set()
         self.round_seconds = ROUND_SECONDS if self.pipelines else IDLE_ROUND_SECONDS
 
     async def park(self, event: Event, request: ClaudeRequest) -> None:
@@ -180,8 +186,13 @@ class BatchLane:
             rows = await batches.claim_pending(
                 session, pipeline=name, limit=settings.max_requests, now=now
             )
-        if rows:
-            await self._create(name, rows)
+        # Split before sending: a refusal of ``together`` gives its rows back unsent.
+        alone = [row for row in rows if row.id in self._alone]
+        together = [row for row in rows if row.id not in self._alone]
+        if together:
+            await self._create(name, together)
+        for row in alone:
+            await self._create(name, [row])
 
     async def _create(self, name: str, rows: Sequence[BatchRequestRow]) -> None:
         trail = self.processor.trail
@@ -203,10 +214,22 @@ class BatchLane:
         try:
             batch_id = await self.client.submit(requests)
         except ClaudeError as exc:
-            counted = not exc.retryable
+            refused = not exc.retryable
+            # A refused batch of several is split, not counted against each of its requests:
+            # one request the API will not take must not spend the others' attempts.
+            split = refused and len(rows) > 1
+            counted = refused and not split
             for row_id, call_id in call_ids.items():
                 outcome = trail.recorder.failure_outcome(attempts[row_id], exc)
                 await trail.complete(call_id, outcome | {"error": f"batch not created: {exc}"})
+            if split:
+                self._alone.update(row.id for row in rows)
+                async with self.sessions() as session:
+                    await batches.give_back(session, [row.id for row in rows], counted=False)
+                log.warning(
+                    "batch_refused_split", pipeline=name, requests=len(rows), error=str(exc)
+                )
+                return
             # Refused (not unreachable) for the last allowed time: given up, not sent again.
             spent = [row for row in rows if counted and row.attempts >= MAX_ATTEMPTS]
             for row in spent:
@@ -220,6 +243,7 @@ class BatchLane:
             log.warning("batch_not_created", pipeline=name, error=str(exc), retry_in=self._backoff)
             return
         self._backoff = 0.0
+        self._alone.difference_update(row.id for row in rows)
         async with self.sessions() as session:
             await batches.mark_submitted(
                 session, rows, batch_id=batch_id, call_ids=call_ids, now=self.clock()
@@ -388,6 +412,7 @@ class BatchLane:
         between the two would leave the event undecided for ever. False when another process
         moved the request first, or a worker started the event since (the next round tries
         again)."""
+        self._alone.discard(row.id)
         epoch = await self._fence(row.event_id)
         async with self.sessions() as session:
             if not await batches.give_up(session, row.id, status=row.status, error=reason):

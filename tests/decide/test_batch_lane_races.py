@@ -18,7 +18,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from app.config import parse_config
-from app.decide.batch_lane import MAX_ATTEMPTS, BatchLane
+from app.decide.batch_lane import MAX_ATTEMPTS, BatchLane, custom_id
 from app.events import Event
 from app.llm.batches import BatchClient, BatchCounts, BatchFailure, BatchStatus
 from app.llm.client import ClaudeError, ClaudeReply, ClaudeRequest
@@ -532,3 +532,39 @@ async def test_a_running_batch_is_asked_about_every_poll_seconds(harness: Harnes
         await lane.round()
         asked.append(client.asked)
     assert asked == [1, 1, 1, 2, 2, 3]
+
+
+class OneRequestRefused(ScriptedBatches):
+    """The API refuses (400) any batch that holds the request of group ``acme/poison``."""
+
+    async def submit(self, requests: Sequence[tuple[str, ClaudeRequest]]) -> str:
+        if any("acme/poison" in str(request.messages) for _, request in requests):
+            raise ClaudeError(
+                "invalid_request_error: requests.1.params: bad",
+                error_type="BadRequestError",
+                retryable=False,
+            )
+        return await super().submit(requests)
+
+
+async def test_one_request_the_api_refuses_does_not_spend_its_batch_mates_attempts(
+    harness: Harness,
+) -> None:
+    """Three requests in one batch, one of which the API refuses: the batch is split, the two
+    others are answered and decided, and only the refused one is given up, after its own
+    MAX_ATTEMPTS refusals."""
+    client = OneRequestRefused(answered)
+    lane = _lane(harness, client)
+    events = [await _park(harness, lane, f"acme/{name}") for name in ("one", "poison", "two")]
+    for _ in range(MAX_ATTEMPTS + 2):
+        await lane.round()
+    statuses = [await _status(harness, event.id) for event in events]
+    assert statuses[1] == "dead_lettered"
+    assert statuses[0] == statuses[2] != "dead_lettered"
+    for event in (events[0], events[2]):
+        assert len((await harness.rows(event.id)).outbox) == 1
+    rows = {row.event_id: row for row in await _requests(harness)}
+    assert rows[events[1].id].attempts == MAX_ATTEMPTS
+    assert [rows[e.id].attempts for e in (events[0], events[2])] == [1, 1]
+    # Each of the two went out alone, once, after the refusal (no batch sent unrecorded).
+    assert sorted(client.batches.values()) == [[custom_id(rows[e.id])] for e in events[::2]]
