@@ -20,7 +20,8 @@ from app.llm.attempts import Attempt, usage_of
 from app.llm.client import ClaudeError, ClaudeReply
 from app.llm.pricing import PriceTable
 from app.store.models import CallPurpose, LlmCallStatus
-from app.store.repository import LlmCallRepository
+from app.store.repository import LLM_CALLS, LlmCallRepository
+from app.store.row_batcher import RowBatcher
 
 
 class AuditRecorder:
@@ -122,12 +123,16 @@ def _outcome(**given: Any) -> dict[str, Any]:
 
 
 class AuditTrail:
-    """Writes the rows: each statement alone on an autocommit connection (one round trip), or
-    inside the caller's transaction (``complete_in``)."""
+    """Writes the rows: each statement alone on an autocommit connection (one round trip; the
+    rows before calls batched, ``RowBatcher``), or inside the caller's transaction
+    (``complete_in``)."""
 
     def __init__(self, *, engine: AsyncEngine, recorder: AuditRecorder) -> None:
         self.autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
         self.recorder = recorder
+        # The rows of attempts about to be made: those of events reaching their calls
+        # together go in with one statement.
+        self.started = RowBatcher(engine, LLM_CALLS)
 
     def of(self, event: Event, *, purpose: str = CallPurpose.LIVE) -> EventAttempts:
         """The attempt log the guarded caller writes for ``event`` (``purpose``: live, or a
@@ -148,8 +153,7 @@ class AuditTrail:
         row = self.recorder.started_row(
             event, attempt, call_id=call_id, purpose=purpose, cache_hit=cache_hit
         )
-        async with self.autocommit.connect() as connection:
-            await LlmCallRepository(connection).insert(row)
+        await self.started.insert(row)
         return call_id
 
     async def complete(self, call_id: str, outcome: dict[str, Any]) -> None:
