@@ -1,10 +1,16 @@
-"""Several scripts in one round trip (``app/redis_scripts.py``), against real Redis when it
-answers (fakeredis otherwise)."""
+"""Scripts in one round trip, one caller's and those of every caller of the same turn
+(``app/redis_scripts.py``), against real Redis when it answers (fakeredis otherwise)."""
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 import pytest
 from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
 from app.redis_scripts import ScriptCall, run_scripts
@@ -58,3 +64,68 @@ async def test_scripts_of_different_clients_run_each_on_its_own(
         assert await run_scripts(calls) == [1, 2]
     finally:
         await other.aclose()
+
+
+def _count_pipelines(redis: Redis, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    made: list[int] = []
+    pipeline = redis.pipeline
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        made.append(1)
+        return pipeline(*args, **kwargs)
+
+    monkeypatch.setattr(redis, "pipeline", counted)
+    return made
+
+
+@pytest.mark.cluster_too
+async def test_callers_of_one_turn_share_a_round_trip_and_each_gets_its_own_replies(
+    redis: Redis, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    count = redis.register_script(COUNT)
+    fails = redis.register_script("return redis.error_reply('refused here')")
+    made = _count_pipelines(redis, monkeypatch)
+
+    def calls(n: int) -> list[ScriptCall]:
+        return [ScriptCall(count, [f"{redis_prefix}:{{k{n}}}"], [n])]
+
+    outcomes = await asyncio.gather(
+        run_scripts(calls(1)),
+        run_scripts([ScriptCall(fails, [f"{redis_prefix}:{{x}}"], []), *calls(2)]),
+        run_scripts(calls(3)),
+        return_exceptions=True,
+    )
+    assert made == [1]
+    assert outcomes[0] == [1] and outcomes[2] == [3]
+    assert isinstance(outcomes[1], ResponseError)  # its error, its caller's only
+    assert await redis.get(f"{redis_prefix}:{{k2}}") == b"2"  # its other script still ran
+    await run_scripts(calls(4))  # a later turn: a round trip of its own
+    assert made == [1, 1]
+
+
+async def test_a_lost_connection_fails_every_caller_of_the_turn() -> None:
+    gone = Redis(host="127.0.0.1", port=1, socket_connect_timeout=1, retry=Retry(NoBackoff(), 0))
+    count = gone.register_script(COUNT)
+    outcomes = await asyncio.wait_for(
+        asyncio.gather(
+            run_scripts([ScriptCall(count, ["a"], [1])]),
+            run_scripts([ScriptCall(count, ["b"], [1])]),
+            return_exceptions=True,
+        ),
+        timeout=5,
+    )
+    assert [type(outcome) for outcome in outcomes] == [RedisConnectionError] * 2
+
+
+async def test_a_caller_that_stops_waiting_does_not_take_the_others_scripts_with_it(
+    redis: Redis, redis_prefix: str
+) -> None:
+    count = redis.register_script(COUNT)
+    key = f"{redis_prefix}:{{e}}"
+    first = asyncio.ensure_future(run_scripts([ScriptCall(count, [key], [1])]))
+    second = asyncio.ensure_future(run_scripts([ScriptCall(count, [key], [10])]))
+    await asyncio.sleep(0)
+    first.cancel()
+    assert await second in ([10], [11])
+    with pytest.raises(asyncio.CancelledError):
+        await first

@@ -25,6 +25,7 @@ from app.queue import slots
 from app.queue.connection import is_cluster
 from app.queue.layout import check_partition_count
 from app.queue.replays import Claim, ReplayClaims, ReplayInFlight
+from app.redis_scripts import ScriptCall, run_scripts
 
 GROUP = b"eventgate"
 
@@ -364,15 +365,15 @@ class EventQueue:
 
     async def ack(self, entry: StreamEntry, event_id: str, *, token: str | None = None) -> bool:
         """Ack + delete the entry; with ``token``, only while that lease tenure still holds."""
-        result = await self._ack(
-            keys=[
-                self.stream_key(entry.partition),
-                self.queued_key(entry.partition),
-                partition_lease_key(self.prefix, entry.partition),
-                self.failures_key(entry.partition),
-            ],
-            args=[GROUP, entry.entry_id, token or "", event_id],
-        )
+        keys = [
+            self.stream_key(entry.partition),
+            self.queued_key(entry.partition),
+            partition_lease_key(self.prefix, entry.partition),
+            self.failures_key(entry.partition),
+        ]
+        args = [GROUP, entry.entry_id, token or "", event_id]
+        # With the other acks (and scripts) of this turn: events of one read end together.
+        (result,) = await run_scripts([ScriptCall(self._ack, keys, args)])
         return bool(result)
 
     async def check_writable(self) -> None:
