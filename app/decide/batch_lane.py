@@ -51,7 +51,7 @@ from app.decide.processor import EventProcessor
 from app.decide.windows import member_event
 from app.events import Event, EventStatus
 from app.faults import LeaseLost, dependency_unavailable
-from app.llm.attempts import Attempt
+from app.llm.attempts import Attempt, usage_of
 from app.llm.batches import BatchClient, BatchFailure
 from app.llm.breaker import BreakerState
 from app.llm.client import ClaudeError, ClaudeReply, ClaudeRequest
@@ -330,7 +330,7 @@ class BatchLane:
                     # of processes may try to decide it.
                     await self.processor.caller.budgets.charge(
                         row.pipeline,
-                        tokens=result.input_tokens + result.output_tokens,
+                        tokens=usage_of(result).total,  # cache tokens too, as a live call
                         cost_usd=float(outcome["cost_usd"]),
                     )
             BATCH_REQUESTS.labels(pipeline=row.pipeline, outcome="succeeded").inc()

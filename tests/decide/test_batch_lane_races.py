@@ -5,6 +5,7 @@ request given up and its event dead-lettered."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
@@ -568,3 +569,17 @@ async def test_one_request_the_api_refuses_does_not_spend_its_batch_mates_attemp
     assert [rows[e.id].attempts for e in (events[0], events[2])] == [1, 1]
     # Each of the two went out alone, once, after the refusal (no batch sent unrecorded).
     assert sorted(client.batches.values()) == [[custom_id(rows[e.id])] for e in events[::2]]
+
+
+async def test_a_batch_answer_charges_its_cache_tokens_as_a_live_answer_would(
+    harness: Harness,
+) -> None:
+    cached = dataclasses.replace(
+        _reply(), cache_creation_input_tokens=30, cache_read_input_tokens=500
+    )
+    lane = _lane(harness, ScriptedBatches(lambda _: cached))
+    await _park(harness, lane, "acme/cached")
+    for _ in range(3):
+        await lane.round()
+    spent = await harness.budgets.spent("triage")
+    assert spent.tokens == 100 + 20 + 30 + 500  # input, output, cache writes, cache reads
