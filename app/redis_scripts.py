@@ -23,6 +23,8 @@ from typing import Any
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError
 
+from app.turns import Turn
+
 
 @dataclass(frozen=True, slots=True)
 class ScriptCall:
@@ -43,88 +45,43 @@ async def run_scripts(calls: Sequence[ScriptCall]) -> list[Any]:
     if any(call.script.registered_client is not client for call in calls):
         return [await call.run() for call in calls]
     loop = asyncio.get_running_loop()
-    batchers = _BATCHERS.setdefault(client, weakref.WeakKeyDictionary())
-    batcher = batchers.get(loop)
-    if batcher is None:
-        batcher = batchers[loop] = _Turn()
-    return await batcher.run(calls)
+    turns = _TURNS.setdefault(client, weakref.WeakKeyDictionary())
+    turn: Turn[Sequence[ScriptCall], list[Any]] | None = turns.get(loop)
+    if turn is None:
+        turn = turns[loop] = Turn(_send)
+    return await turn.submit(calls)
 
 
-Waiting = list[tuple[Sequence[ScriptCall], "asyncio.Future[list[Any]]"]]
+async def _send(turn: list[tuple[Sequence[ScriptCall], asyncio.Future[list[Any]]]]) -> None:
+    """One turn's scripts (all on one client) in one pipeline; each caller its replies."""
+    calls = [call for mine, _ in turn for call in mine]
+    client = calls[0].script.registered_client
+    async with client.pipeline(transaction=False) as pipe:
+        for call in calls:
+            # Not ``pipe.evalsha``: a cluster pipeline refuses that method, not the command.
+            pipe.execute_command("EVALSHA", call.script.sha, len(call.keys), *call.keys, *call.args)
+        replies = await pipe.execute(raise_on_error=False)
+    at = 0
+    for mine, done in turn:
+        results = []
+        for call, reply in zip(mine, replies[at : at + len(mine)], strict=True):
+            if isinstance(reply, NoScriptError):
+                try:
+                    reply = await call.run()  # loads the script, then runs it
+                except Exception as exc:  # noqa: BLE001 - this caller's, raised there
+                    reply = exc
+            results.append(reply)
+        at += len(mine)
+        errors = [reply for reply in results if isinstance(reply, Exception)]
+        if done.done():
+            continue
+        if errors:
+            done.set_exception(errors[0])
+        else:
+            done.set_result(results)
 
 
-class _Turn:
-    """The scripts asked for on one client in one turn of the event loop."""
-
-    def __init__(self) -> None:
-        # No reference to the client (the registry above is weak on it): each call names it.
-        self.waiting: Waiting = []
-        self.sending: set[asyncio.Task[None]] = set()
-
-    async def run(self, calls: Sequence[ScriptCall]) -> list[Any]:
-        loop = asyncio.get_running_loop()
-        replies: asyncio.Future[list[Any]] = loop.create_future()
-        replies.add_done_callback(_retrieved)  # a caller that stopped waiting reads nothing
-        if not self.waiting:
-            loop.call_soon(self._send_turn)
-        self.waiting.append((calls, replies))
-        # A caller cancelled does not cancel the others' scripts.
-        return await asyncio.shield(replies)
-
-    def _send_turn(self) -> None:
-        turn, self.waiting = self.waiting, []
-        task = asyncio.get_running_loop().create_task(self._send(turn))
-        self.sending.add(task)
-        task.add_done_callback(lambda done: self._sent(done, turn))
-
-    async def _send(self, turn: Waiting) -> None:
-        calls = [call for mine, _ in turn for call in mine]
-        client = calls[0].script.registered_client
-        async with client.pipeline(transaction=False) as pipe:
-            for call in calls:
-                # Not ``pipe.evalsha``: a cluster pipeline refuses that method, not the command.
-                pipe.execute_command(
-                    "EVALSHA", call.script.sha, len(call.keys), *call.keys, *call.args
-                )
-            replies = await pipe.execute(raise_on_error=False)
-        at = 0
-        for mine, done in turn:
-            results = []
-            for call, reply in zip(mine, replies[at : at + len(mine)], strict=True):
-                if isinstance(reply, NoScriptError):
-                    try:
-                        reply = await call.run()  # loads the script, then runs it
-                    except Exception as exc:  # noqa: BLE001 - this caller's, raised there
-                        reply = exc
-                results.append(reply)
-            at += len(mine)
-            errors = [reply for reply in results if isinstance(reply, Exception)]
-            if done.done():
-                continue
-            if errors:
-                done.set_exception(errors[0])
-            else:
-                done.set_result(results)
-
-    def _sent(self, task: asyncio.Task[None], turn: Waiting) -> None:
-        """No caller is left waiting, whatever ended the pipeline (a connection error fails
-        every caller of it)."""
-        self.sending.discard(task)
-        failure = None if task.cancelled() else task.exception()
-        for _, done in turn:
-            if done.done():
-                continue
-            if failure is None:
-                done.cancel()
-            else:
-                done.set_exception(failure)
-
-
-def _retrieved(done: asyncio.Future[list[Any]]) -> None:
-    if not done.cancelled():
-        done.exception()
-
-
-_BATCHERS: weakref.WeakKeyDictionary[Any, weakref.WeakKeyDictionary[Any, _Turn]] = (
+# Per client (weakly: no client is kept alive by it) and per event loop.
+_TURNS: weakref.WeakKeyDictionary[Any, weakref.WeakKeyDictionary[Any, Turn[Any, Any]]] = (
     weakref.WeakKeyDictionary()
 )

@@ -106,21 +106,3 @@ async def test_a_caller_that_stops_waiting_does_not_take_the_others_rows_with_it
     assert "llm_stays" in await _ids(engine)
     with pytest.raises(asyncio.CancelledError):
         await first
-
-
-async def test_no_caller_is_left_waiting_when_a_flush_itself_breaks(
-    engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    batcher = RowBatcher(engine, LLM_CALLS)
-
-    async def broken(_: object) -> None:
-        raise RuntimeError("a bug in the flush, outside its statement")
-
-    monkeypatch.setattr(batcher, "_flush", broken)
-    outcomes = await asyncio.wait_for(
-        asyncio.gather(
-            batcher.insert(_row("llm_1")), batcher.insert(_row("llm_2")), return_exceptions=True
-        ),
-        timeout=5,
-    )
-    assert [type(outcome) for outcome in outcomes] == [RuntimeError, RuntimeError]
