@@ -1,8 +1,8 @@
 """``make bench``: every benchmark in turn; each prints its figures and appends them to
 docs/benchmarks.md. A benchmark whose service or tool is missing is skipped with the reason.
 
-    python -m bench.run_all [ingest replica_ack pipeline overhead claude_client prompt_size chaos
-                             capacity shadow relay_scale alert_storm]
+    python -m bench.run_all [ingest replica_ack pipeline overhead cost_per_event claude_client
+                             prompt_size chaos capacity shadow relay_scale alert_storm]
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ BENCHMARKS = [
     "replica_ack",
     "pipeline",
     "overhead",
+    "cost_per_event",
     "claude_client",
     "prompt_size",
     "chaos",
