@@ -5,11 +5,13 @@ rate limit, the budget, the stream's ack). Each alone is a round trip, and on th
 hot path a round trip costs more CPU than the script. ``run_scripts`` sends the scripts of
 one caller, and those every other caller asked for in the same turn of the event loop, in
 one non-transactional pipeline, as ``EVALSHA`` (redis-py's own pipelined scripts first ask
-``SCRIPT EXISTS``, one more round trip each time). Each caller gets its own replies, or its
+``SCRIPT EXISTS``, one more round trip each time). On a Redis Cluster each caller's scripts
+go in a pipeline of their own (a turn's would span the nodes, and fail for every caller of
+it while one master is down). Each caller gets its own replies, or its
 first error reply raised, after every script of the pipeline has run; a connection error
 fails every caller of that pipeline. A script Redis does not know (after a restart or a
 ``SCRIPT FLUSH``) is run again on its own, which loads it; the others are not run twice.
-On a Redis Cluster the pipeline sends each script to its key's node.
+A cluster pipeline sends each script to its key's node.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError
 
@@ -44,6 +47,10 @@ async def run_scripts(calls: Sequence[ScriptCall]) -> list[Any]:
     client = calls[0].script.registered_client
     if any(call.script.registered_client is not client for call in calls):
         return [await call.run() for call in calls]
+    if isinstance(client, RedisCluster):
+        # One pipeline per caller: a turn's pipeline spans nodes, and one master down would
+        # fail it for every caller of the turn, those whose keys live elsewhere too.
+        return _raised(await _pipelined(calls))
     loop = asyncio.get_running_loop()
     turns = _TURNS.setdefault(client, weakref.WeakKeyDictionary())
     turn: Turn[Sequence[ScriptCall], list[Any]] | None = turns.get(loop)
@@ -54,31 +61,45 @@ async def run_scripts(calls: Sequence[ScriptCall]) -> list[Any]:
 
 async def _send(turn: list[tuple[Sequence[ScriptCall], asyncio.Future[list[Any]]]]) -> None:
     """One turn's scripts (all on one client) in one pipeline; each caller its replies."""
-    calls = [call for mine, _ in turn for call in mine]
+    replies = await _pipelined([call for mine, _ in turn for call in mine])
+    at = 0
+    for mine, done in turn:
+        results = replies[at : at + len(mine)]
+        at += len(mine)
+        if done.done():
+            continue
+        try:
+            done.set_result(_raised(results))
+        except Exception as exc:  # noqa: BLE001 - this caller's, raised there
+            done.set_exception(exc)
+
+
+async def _pipelined(calls: Sequence[ScriptCall]) -> list[Any]:
+    """The replies (error replies as exceptions) of ``calls``, all on one client, sent in one
+    pipeline; a script Redis did not know is loaded and run again on its own."""
     client = calls[0].script.registered_client
     async with client.pipeline(transaction=False) as pipe:
         for call in calls:
             # Not ``pipe.evalsha``: a cluster pipeline refuses that method, not the command.
             pipe.execute_command("EVALSHA", call.script.sha, len(call.keys), *call.keys, *call.args)
         replies = await pipe.execute(raise_on_error=False)
-    at = 0
-    for mine, done in turn:
-        results = []
-        for call, reply in zip(mine, replies[at : at + len(mine)], strict=True):
-            if isinstance(reply, NoScriptError):
-                try:
-                    reply = await call.run()  # loads the script, then runs it
-                except Exception as exc:  # noqa: BLE001 - this caller's, raised there
-                    reply = exc
-            results.append(reply)
-        at += len(mine)
-        errors = [reply for reply in results if isinstance(reply, Exception)]
-        if done.done():
-            continue
-        if errors:
-            done.set_exception(errors[0])
-        else:
-            done.set_result(results)
+    results: list[Any] = []
+    for call, reply in zip(calls, replies, strict=True):
+        if isinstance(reply, NoScriptError):
+            try:
+                reply = await call.run()  # loads the script, then runs it
+            except Exception as exc:  # noqa: BLE001 - its caller's, raised there
+                reply = exc
+        results.append(reply)
+    return results
+
+
+def _raised(replies: list[Any]) -> list[Any]:
+    """The replies, or the first error among them raised."""
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    return replies
 
 
 # Per client (weakly: no client is kept alive by it) and per event loop.
