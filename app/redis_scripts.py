@@ -39,18 +39,24 @@ class ScriptCall:
         return await self.script(keys=list(self.keys), args=list(self.args))
 
 
-async def run_scripts(calls: Sequence[ScriptCall]) -> list[Any]:
+async def run_scripts(calls: Sequence[ScriptCall], *, raise_on_error: bool = True) -> list[Any]:
     """Each call's reply, in order. An error reply raises (the first one), after every
-    other script has run."""
+    other script has run; with ``raise_on_error=False`` it is returned in its place, so a
+    caller knows what the scripts that did run took."""
+    replies = await _replies(calls)
+    return _raised(replies) if raise_on_error else replies
+
+
+async def _replies(calls: Sequence[ScriptCall]) -> list[Any]:
     if not calls:
         return []
     client = calls[0].script.registered_client
     if any(call.script.registered_client is not client for call in calls):
-        return [await call.run() for call in calls]
+        return [await _run(call) for call in calls]
     if isinstance(client, RedisCluster):
         # One pipeline per caller: a turn's pipeline spans nodes, and one master down would
         # fail it for every caller of the turn, those whose keys live elsewhere too.
-        return _raised(await _pipelined(calls))
+        return await _pipelined(calls)
     loop = asyncio.get_running_loop()
     turns = _TURNS.setdefault(client, weakref.WeakKeyDictionary())
     turn: Turn[Sequence[ScriptCall], list[Any]] | None = turns.get(loop)
@@ -66,12 +72,8 @@ async def _send(turn: list[tuple[Sequence[ScriptCall], asyncio.Future[list[Any]]
     for mine, done in turn:
         results = replies[at : at + len(mine)]
         at += len(mine)
-        if done.done():
-            continue
-        try:
-            done.set_result(_raised(results))
-        except Exception as exc:  # noqa: BLE001 - this caller's, raised there
-            done.set_exception(exc)
+        if not done.done():
+            done.set_result(results)  # error replies in place: ``run_scripts`` raises them
 
 
 async def _pipelined(calls: Sequence[ScriptCall]) -> list[Any]:
@@ -86,12 +88,17 @@ async def _pipelined(calls: Sequence[ScriptCall]) -> list[Any]:
     results: list[Any] = []
     for call, reply in zip(calls, replies, strict=True):
         if isinstance(reply, NoScriptError):
-            try:
-                reply = await call.run()  # loads the script, then runs it
-            except Exception as exc:  # noqa: BLE001 - its caller's, raised there
-                reply = exc
+            reply = await _run(call)  # loads the script, then runs it
         results.append(reply)
     return results
+
+
+async def _run(call: ScriptCall) -> Any:
+    """The call's reply, or its error."""
+    try:
+        return await call.run()
+    except Exception as exc:  # noqa: BLE001 - its caller's, raised there
+        return exc
 
 
 def _raised(replies: list[Any]) -> list[Any]:

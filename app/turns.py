@@ -24,21 +24,26 @@ class Turn(Generic[Item, Result]):
         handle: Callable[[list[tuple[Item, asyncio.Future[Result]]]], Coroutine[Any, Any, None]],
     ) -> None:
         self.handle = handle
-        self._waiting: list[tuple[Item, asyncio.Future[Result]]] = []
+        # Per event loop: a loop that stopped before its turn's handling must not keep the
+        # callers of another loop (a thread's, or the next ``asyncio.run``) from theirs.
+        self._waiting: dict[asyncio.AbstractEventLoop, list[tuple[Item, asyncio.Future[Result]]]]
+        self._waiting = {}
         self._handling: set[asyncio.Task[None]] = set()
 
     async def submit(self, item: Item) -> Result:
         loop = asyncio.get_running_loop()
         done: asyncio.Future[Result] = loop.create_future()
         done.add_done_callback(_retrieved)  # a caller that stopped waiting reads nothing
-        if not self._waiting:
-            loop.call_soon(self._start)
-        self._waiting.append((item, done))
+        waiting = self._waiting.get(loop)
+        if waiting is None:
+            waiting = self._waiting[loop] = []
+            loop.call_soon(self._start, loop)
+        waiting.append((item, done))
         return await asyncio.shield(done)
 
-    def _start(self) -> None:
-        batch, self._waiting = self._waiting, []
-        task = asyncio.get_running_loop().create_task(self.handle(batch))
+    def _start(self, loop: asyncio.AbstractEventLoop) -> None:
+        batch = self._waiting.pop(loop, [])
+        task = loop.create_task(self.handle(batch))
         self._handling.add(task)
         task.add_done_callback(lambda ended: self._ended(ended, batch))
 

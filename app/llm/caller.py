@@ -224,10 +224,18 @@ class GuardedCaller:
             model, permit = await self._permit(pipeline, preferred=request.model)
             return model, permit, await self._reserve(replace(request, model=model))
         ask = self.breaker.allow_call(pipeline.provider, request.model)
-        allow_reply, wait = await run_scripts([ask, wanted])
-        permit = self.breaker.allowed(request.model, allow_reply)
-        taken = float(wait) <= 0
+        # Errors in place: one script failing must not hide what the other took.
+        allow_reply, wait = await run_scripts([ask, wanted], raise_on_error=False)
+        taken = not isinstance(wait, Exception) and float(wait) <= 0
         reservation = Reservation(request.model, estimate, request.max_tokens)
+        if isinstance(allow_reply, Exception):
+            if taken:
+                with contextlib.suppress(Exception):
+                    await self.limiter.release(reservation)
+            raise allow_reply
+        permit = self.breaker.allowed(request.model, allow_reply)
+        if isinstance(wait, Exception):
+            raise wait
         if permit.allowed:
             return request.model, permit, reservation if taken else await self._reserve(request)
         if taken:
