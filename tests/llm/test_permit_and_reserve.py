@@ -11,9 +11,11 @@ import pytest
 import pytest_httpx2._plugin  # noqa: F401  (registers respx's httpcore2 mocker)
 import respx
 from redis.asyncio import Redis
+from redis.exceptions import ResponseError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.llm.breaker import BreakerState
+from app.llm.client import ClaudeRequest
 from tests.llm.harness import BASE, build, config_text, make_event, reply
 
 M = "claude-sonnet-4-6"
@@ -73,3 +75,25 @@ async def test_a_granted_probe_is_kept_while_the_rate_limit_says_wait(
     assert route.call_count == 1
     assert sum(h.sleeps.delays) < 5
     assert await h.caller.breaker.state("anthropic", M) is BreakerState.CLOSED
+
+
+async def test_a_failing_permit_script_does_not_keep_the_request_it_took(
+    sessions: async_sessionmaker[AsyncSession], redis: Redis, redis_prefix: str
+) -> None:
+    """The breaker's script fails in the joint round trip while the rate limit's took the
+    request: the caller sees the error and the request goes back to the shared bucket."""
+    h = build(
+        sessions=sessions,
+        redis=redis,
+        prefix=redis_prefix,
+        text=config_text(fallback=False),
+        llm_requests_per_minute=1,
+    )
+    # A breaker hash the ALLOW script errors on ('open' without 'opened_at').
+    await redis.hset(f"{redis_prefix}:{{cb:anthropic:{M}}}:state", "state", "open")
+    pipeline = h.config.pipelines[next(iter(h.config.pipelines))]
+    request = ClaudeRequest(model=M, max_tokens=10, system=[], messages=[], tools=[])
+    with pytest.raises(ResponseError):
+        await h.caller._permit_and_reserve(pipeline, request)
+    room = await h.caller.limiter.headroom(M)
+    assert room.requests == pytest.approx(1.0, abs=0.05)  # the one request a minute is back
