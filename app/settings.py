@@ -32,7 +32,7 @@ class Settings(BaseSettings):
     # forces the cluster client or a plain one.
     redis_cluster: bool | None = None
     database_url: str = "sqlite+aiosqlite:///./eventgate.db"
-    # Connections kept open per process (PostgreSQL); up to half as many more under load.
+    # Connections per process (PostgreSQL): up to half as many more under load, then kept.
     database_pool_size: int = Field(default=20, ge=1)
     admin_token: str | None = None
     auto_migrate: bool = True
