@@ -30,9 +30,14 @@ half the price, answered within 24 hours instead of seconds.
   the processor's own store (checked, outbox rows and status in one transaction; refused and
   unstorable answers dead-lettered), so publishing, ids and order are those of any event.
 - A process that dies with a claim held leaves it for ``claim_timeout_seconds``; then the
-  requests are sent again (a batch it created but did not record is paid for twice, and its
-  answers are never read: the decision is made once). Every process runs the lane; claims and
-  conditional updates keep two of them from sending or deciding a request twice.
+  requests are sent again, the claim counted as an attempt (a batch it created but did not
+  record is paid for twice, and its answers are never read: the decision is made once). A
+  process whose batch creation outlasted its claim records nothing when it wakes (the
+  attempt number fences the claim): its audit rows say the request was taken over, and its
+  batch, if none of it is still its own, is canceled. Failing before anything was sent (the
+  database refusing an audit row) gives the claims back uncounted. Every process runs the
+  lane; claims and conditional updates keep two of them from sending or deciding a request
+  twice.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import structlog
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.config import BatchLaneConfig, GatewayConfig
@@ -199,18 +205,24 @@ class BatchLane:
         call_ids: dict[int, str] = {}
         attempts: dict[int, Attempt] = {}
         requests: list[tuple[str, ClaudeRequest]] = []
-        for row in rows:
-            request = _request(row.request)
-            attempt = Attempt(
-                row.attempts,
-                "anthropic",
-                request,
-                BreakerState.CLOSED,
-                "batch" if row.attempts == 1 else f"batch: sent again ({row.error})"[:200],
-            )
-            call_ids[row.id] = await trail.begin(_audit_event(row), attempt)
-            attempts[row.id] = attempt
-            requests.append((custom_id(row), request))
+        try:
+            for row in rows:
+                request = _request(row.request)
+                attempt = Attempt(
+                    row.attempts,
+                    "anthropic",
+                    request,
+                    BreakerState.CLOSED,
+                    "batch" if row.attempts == 1 else f"batch: sent again ({row.error})"[:200],
+                )
+                attempts[row.id] = attempt
+                call_ids[row.id] = await trail.begin(_audit_event(row), attempt)
+                requests.append((custom_id(row), request))
+        except Exception as exc:
+            # Nothing was sent: not an attempt (if the database takes the claims back now;
+            # if not, they are released, counted, after the claim timeout).
+            await self._unsent(rows, call_ids, attempts, exc)
+            raise
         try:
             batch_id = await self.client.submit(requests)
         except ClaudeError as exc:
@@ -225,7 +237,7 @@ class BatchLane:
             if split:
                 self._alone.update(row.id for row in rows)
                 async with self.sessions() as session:
-                    await batches.give_back(session, [row.id for row in rows], counted=False)
+                    await batches.give_back(session, rows, counted=False)
                 log.warning(
                     "batch_refused_split", pipeline=name, requests=len(rows), error=str(exc)
                 )
@@ -237,7 +249,7 @@ class BatchLane:
                     row, reason=f"the API refused its batch {row.attempts} times; last: {exc}"
                 )
             async with self.sessions() as session:
-                again = [row.id for row in rows if row not in spent]
+                again = [row for row in rows if row not in spent]
                 await batches.give_back(session, again, counted=counted)
             self._backoff = min(max(self._backoff * 2, 1.0), MAX_BACKOFF_SECONDS)
             log.warning("batch_not_created", pipeline=name, error=str(exc), retry_in=self._backoff)
@@ -245,11 +257,64 @@ class BatchLane:
         self._backoff = 0.0
         self._alone.difference_update(row.id for row in rows)
         async with self.sessions() as session:
-            await batches.mark_submitted(
+            recorded = await batches.mark_submitted(
                 session, rows, batch_id=batch_id, call_ids=call_ids, now=self.clock()
             )
-        BATCH_REQUESTS.labels(pipeline=name, outcome="submitted").inc(len(rows))
-        log.info("batch_created", pipeline=name, batch_id=batch_id, requests=len(rows))
+        if len(recorded) < len(rows):
+            await self._claims_lost(batch_id, rows, recorded, call_ids, attempts)
+        BATCH_REQUESTS.labels(pipeline=name, outcome="submitted").inc(len(recorded))
+        log.info("batch_created", pipeline=name, batch_id=batch_id, requests=len(recorded))
+
+    async def _unsent(
+        self,
+        rows: Sequence[BatchRequestRow],
+        call_ids: dict[int, str],
+        attempts: dict[int, Attempt],
+        exc: Exception,
+    ) -> None:
+        """The claims given back uncounted and the audit rows begun completed, as far as the
+        database lets; what it refuses waits for the claim timeout."""
+        failure = ClaudeError(
+            f"batch not created: {type(exc).__name__} before sending",
+            error_type="BatchNotSent",
+            retryable=True,
+        )
+        try:
+            for row_id, call_id in call_ids.items():
+                outcome = self.processor.trail.recorder.failure_outcome(attempts[row_id], failure)
+                await self.processor.trail.complete(call_id, outcome)
+            async with self.sessions() as session:
+                await batches.give_back(session, rows, counted=False)
+        except (SQLAlchemyError, OSError) as again:
+            log.warning("batch_claims_kept", requests=len(rows), error=type(again).__name__)
+
+    async def _claims_lost(
+        self,
+        batch_id: str,
+        rows: Sequence[BatchRequestRow],
+        recorded: set[int],
+        call_ids: dict[int, str],
+        attempts: dict[int, Attempt],
+    ) -> None:
+        """Creating the batch outlasted the claim timeout: another process took these
+        requests over (and sends them itself). This batch's answers to them are never read;
+        their audit rows say so, and a batch none of whose requests is ours is canceled."""
+        lost = [row for row in rows if row.id not in recorded]
+        failure = ClaudeError(
+            f"batch {batch_id} created after the claim timed out; the request was taken over",
+            error_type="BatchClaimLost",
+            retryable=True,
+        )
+        for row in lost:
+            outcome = self.processor.trail.recorder.failure_outcome(attempts[row.id], failure)
+            await self.processor.trail.complete(call_ids[row.id], outcome)
+        log.error("batch_claims_lost", batch_id=batch_id, requests=len(lost))
+        if recorded:
+            return
+        try:
+            await self.client.cancel(batch_id)
+        except ClaudeError as exc:
+            log.warning("batch_cancel_failed", batch_id=batch_id, error=exc.error_type)
 
     async def _read(self) -> None:
         async with self.sessions() as session:
@@ -415,7 +480,7 @@ class BatchLane:
         self._alone.discard(row.id)
         epoch = await self._fence(row.event_id)
         async with self.sessions() as session:
-            if not await batches.give_up(session, row.id, status=row.status, error=reason):
+            if not await batches.give_up(session, row, error=reason):
                 return False
             try:
                 await DeadLetters.add_in(

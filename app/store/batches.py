@@ -6,6 +6,10 @@ Invariants:
 - a request is sent by one process: it is claimed (``pending`` → ``submitting``, a
   conditional update) before its batch is created, and given back to ``pending`` only when
   the claim is older than the claim timeout (its process died before it recorded the batch);
+- each claim counts an attempt, and the attempt number is the claim's fence: a process
+  records its batch, gives its claim back or gives the request up only while the row still
+  holds its attempt (``_held``), so one that stalled past its claim cannot undo or
+  overwrite the claim of the process that took the request over;
 - a key's requests are decided in the order they were parked: a request is decidable only
   when every earlier request of its pipeline and key is ``done``.
 """
@@ -16,7 +20,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, exists, func, select, update
+from sqlalchemy import ColumnElement, and_, exists, func, select, tuple_, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased
@@ -24,6 +28,13 @@ from sqlalchemy.orm import aliased
 from app.store.models import BatchRequestRow, BatchRequestStatus, LlmCallRow
 
 Status = BatchRequestStatus
+
+
+def _held(rows: Sequence[BatchRequestRow]) -> ColumnElement[bool]:
+    """The rows as this process read them: same id and same attempt (no claim since)."""
+    return tuple_(BatchRequestRow.id, BatchRequestRow.attempts).in_(
+        [(row.id, row.attempts) for row in rows]
+    )
 
 
 async def park(
@@ -119,36 +130,47 @@ async def mark_submitted(
     batch_id: str,
     call_ids: dict[int, str],
     now: datetime,
-) -> None:
-    """The claimed rows are in ``batch_id``; their audit rows say so. Commits."""
+) -> set[int]:
+    """The claimed rows are in ``batch_id``; their audit rows say so. Returns the ids of the
+    rows recorded: a row whose claim was released (and maybe taken by another process) while
+    the batch was being created is left as it is. Commits."""
+    recorded: set[int] = set()
     for row in rows:
-        await session.execute(
+        found = await session.scalar(
             update(BatchRequestRow)
-            .where(BatchRequestRow.id == row.id, BatchRequestRow.status == Status.SUBMITTING)
+            .where(_held([row]), BatchRequestRow.status == Status.SUBMITTING)
             .values(
                 status=Status.SUBMITTED,
                 batch_id=batch_id,
                 llm_call_id=call_ids[row.id],
                 submitted_at=now,
             )
+            .returning(BatchRequestRow.id)
         )
+        if found is not None:
+            recorded.add(row.id)
     await session.execute(
         update(LlmCallRow).where(LlmCallRow.id.in_(call_ids.values())).values(batch_id=batch_id)
     )
     await session.commit()
+    return recorded
 
 
-async def give_back(session: AsyncSession, ids: Sequence[int], *, counted: bool) -> None:
-    """Claimed rows whose batch could not be created go back to ``pending``; a failure that
-    was not the requests' fault (the API unreachable) does not count as their attempt."""
+async def give_back(
+    session: AsyncSession, rows: Sequence[BatchRequestRow], *, counted: bool
+) -> None:
+    """Claimed rows whose batch could not be created go back to ``pending`` (those this
+    process still holds); a failure that was not the requests' fault (the API unreachable,
+    the database refusing an audit row) does not count as their attempt. Commits."""
     values: dict[str, Any] = {"status": Status.PENDING, "claimed_at": None}
     if not counted:
         values["attempts"] = BatchRequestRow.attempts - 1
-    await session.execute(
-        update(BatchRequestRow)
-        .where(BatchRequestRow.id.in_(ids), BatchRequestRow.status == Status.SUBMITTING)
-        .values(**values)
-    )
+    if rows:
+        await session.execute(
+            update(BatchRequestRow)
+            .where(_held(rows), BatchRequestRow.status == Status.SUBMITTING)
+            .values(**values)
+        )
     await session.commit()
 
 
@@ -283,13 +305,13 @@ async def pending_pipelines(session: AsyncSession) -> list[str]:
     return [str(name) for name in names.all()]
 
 
-async def give_up(session: AsyncSession, row_id: int, *, status: str, error: str) -> bool:
-    """The request is done without an answer, if it is still in ``status``; False when
-    another process moved it first. The caller dead-letters its event in the same
-    transaction, and commits."""
+async def give_up(session: AsyncSession, row: BatchRequestRow, *, error: str) -> bool:
+    """The request is done without an answer, if it is still as read (its status and
+    attempt); False when another process moved it first. The caller dead-letters its event
+    in the same transaction, and commits."""
     result = await session.execute(
         update(BatchRequestRow)
-        .where(BatchRequestRow.id == row_id, BatchRequestRow.status == status)
+        .where(_held([row]), BatchRequestRow.status == row.status)
         .values(status=Status.DONE, reply=None, error=error, claimed_at=None)
     )
     return bool(getattr(result, "rowcount", 0))

@@ -16,6 +16,7 @@ from anthropic import AsyncAnthropic
 from redis.asyncio import Redis
 from sqlalchemy import event as sa_event
 from sqlalchemy import func, select, update
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from app.config import parse_config
@@ -23,6 +24,7 @@ from app.decide.batch_lane import MAX_ATTEMPTS, BatchLane, custom_id
 from app.events import Event
 from app.llm.batches import BatchClient, BatchCounts, BatchFailure, BatchStatus
 from app.llm.client import ClaudeError, ClaudeReply, ClaudeRequest
+from app.store import batches
 from app.store.models import BatchRequestRow, BatchRequestStatus, DeadLetterRow, EventRow
 from tests.llm.harness import BASE, Harness, build, config_text, make_event, tool_use
 
@@ -583,3 +585,137 @@ async def test_a_batch_answer_charges_its_cache_tokens_as_a_live_answer_would(
         await lane.round()
     spent = await harness.budgets.spent("triage")
     assert spent.tokens == 100 + 20 + 30 + 500  # input, output, cache writes, cache reads
+
+
+class SlowBatches(ScriptedBatches):
+    """Each submit first runs the next of ``during``: what happens while it is in flight."""
+
+    def __init__(self, during: list[Callable[[], Awaitable[None]]]) -> None:
+        super().__init__(answered)
+        self.during = during
+        self.canceled: list[str] = []
+
+    async def submit(self, requests: Sequence[tuple[str, ClaudeRequest]]) -> str:
+        if self.during:
+            await self.during.pop(0)()
+        return await super().submit(requests)
+
+    async def cancel(self, batch_id: str) -> BatchStatus:
+        self.canceled.append(batch_id)
+        return await self.status(batch_id)
+
+
+def _taken_over(harness: Harness, client: SlowBatches) -> tuple[BatchLane, BatchLane]:
+    """Process A (now) and process B (an hour later: A's claims look stale to it)."""
+    late = _lane(harness, client)
+    late.clock = lambda: NOW + timedelta(hours=1)
+    return _lane(harness, client), late
+
+
+async def _take_over(lane: BatchLane) -> None:
+    """The start of ``lane``'s round: stale claims released, what is due sent."""
+    async with lane.sessions() as session:
+        await batches.release_stale_claims(session, before=lane.clock() - lane.claim_timeout)
+    await lane._send("triage")
+
+
+async def test_a_batch_created_after_its_claim_timed_out_takes_nothing_over(
+    harness: Harness,
+) -> None:
+    """A's batch creation outlasts its claim: B releases the claim and sends the request
+    itself, and A's creation returns while B's is still in flight. A records nothing (B's
+    claim is B's), its audit row says why, its batch is canceled; B's batch is the one read,
+    and the event is decided once, with no third batch."""
+    in_flight, go_on = asyncio.Event(), asyncio.Event()
+    b_sends: list[asyncio.Task[None]] = []
+
+    async def a_stalls() -> None:
+        b_sends.append(asyncio.create_task(_take_over(b)))
+        await asyncio.wait_for(in_flight.wait(), timeout=10)
+
+    async def b_waits() -> None:
+        in_flight.set()
+        await asyncio.wait_for(go_on.wait(), timeout=10)
+
+    client = SlowBatches([a_stalls, b_waits])
+    a, b = _taken_over(harness, client)
+    event = await _park(harness, a, "acme/a")
+    await asyncio.wait_for(a._send("triage"), timeout=10)
+    go_on.set()
+    await asyncio.wait_for(b_sends[0], timeout=10)
+    (row,) = await _requests(harness)
+    assert (row.status, row.batch_id, row.attempts) == ("submitted", "msgbatch_2", 2)
+    assert client.canceled == ["msgbatch_1"]
+    for _ in range(3):
+        await b.round()
+    outcome = await harness.rows(event.id)
+    assert len(outcome.outbox) == 1 and sorted(client.batches) == ["msgbatch_1", "msgbatch_2"]
+    assert sorted((c.status, c.error_type) for c in outcome.calls) == [
+        ("ok", None),
+        ("retry", "BatchClaimLost"),
+    ]
+
+
+async def test_a_stale_process_failing_to_create_its_batch_leaves_the_new_claim_alone(
+    harness: Harness,
+) -> None:
+    """A's batch creation outlasts its claim and then fails (unreachable) while B, which took
+    the request over, is creating its own: A gives back nothing, B's batch is recorded."""
+    in_flight, go_on = asyncio.Event(), asyncio.Event()
+    b_sends: list[asyncio.Task[None]] = []
+
+    async def a_stalls_then_fails() -> None:
+        b_sends.append(asyncio.create_task(_take_over(b)))
+        await asyncio.wait_for(in_flight.wait(), timeout=10)
+        raise ClaudeError("connection failed", error_type="APIConnectionError", retryable=True)
+
+    async def b_waits() -> None:
+        in_flight.set()
+        await asyncio.wait_for(go_on.wait(), timeout=10)
+
+    client = SlowBatches([a_stalls_then_fails, b_waits])
+    a, b = _taken_over(harness, client)
+    event = await _park(harness, a, "acme/a")
+    await asyncio.wait_for(a._send("triage"), timeout=10)
+    (row,) = await _requests(harness)
+    assert (row.status, row.attempts) == ("submitting", 2)  # still B's claim
+    go_on.set()
+    await asyncio.wait_for(b_sends[0], timeout=10)
+    (row,) = await _requests(harness)
+    assert (row.status, row.batch_id) == ("submitted", "msgbatch_1")
+    for _ in range(3):
+        await b.round()
+    assert len((await harness.rows(event.id)).outbox) == 1 and len(client.batches) == 1
+
+
+async def test_a_database_refusing_an_audit_row_before_sending_spends_no_attempt(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The second request's audit row is refused: no batch is created, both claims are given
+    back uncounted (not left to time out as an attempt), the first audit row is completed;
+    the next round sends both."""
+    client = ScriptedBatches(answered)
+    lane = _lane(harness, client)
+    events = [await _park(harness, lane, f"acme/{name}") for name in ("one", "two")]
+    trail = harness.processor.trail
+    begin = trail.begin
+    begun = itertools.count(1)
+
+    async def refusing(event: Event, attempt: Any, **kwargs: Any) -> str:
+        if next(begun) == 2:
+            raise OperationalError("INSERT INTO llm_calls", {}, Exception("disk full"))
+        return await begin(event, attempt, **kwargs)
+
+    monkeypatch.setattr(trail, "begin", refusing)
+    with pytest.raises(OperationalError):
+        await lane._send("triage")
+    rows = await _requests(harness)
+    assert [(r.status, r.attempts) for r in rows] == [("pending", 0), ("pending", 0)]
+    assert client.batches == {}
+    (call,) = (await harness.rows(events[0].id)).calls
+    assert (call.status, call.error_type) == ("retry", "BatchNotSent")
+    for _ in range(3):
+        await lane.round()
+    assert [r.attempts for r in await _requests(harness)] == [1, 1]
+    for event in events:
+        assert len((await harness.rows(event.id)).outbox) == 1
