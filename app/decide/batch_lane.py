@@ -384,7 +384,7 @@ class BatchLane:
             async with self.sessions() as session:
                 if await batches.set_outcome(
                     session,
-                    row.id,
+                    row,
                     status=BatchRequestStatus.ANSWERED,
                     reply=dataclasses.asdict(result),
                 ):
@@ -407,7 +407,7 @@ class BatchLane:
         if again:
             async with self.sessions() as session:
                 changed = await batches.set_outcome(
-                    session, row.id, status=BatchRequestStatus.PENDING, error=reason
+                    session, row, status=BatchRequestStatus.PENDING, error=reason
                 )
                 await session.commit()
         else:

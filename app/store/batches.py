@@ -215,15 +215,16 @@ async def in_batch(session: AsyncSession, batch_id: str) -> Sequence[BatchReques
 
 async def set_outcome(
     session: AsyncSession,
-    row_id: int,
+    row: BatchRequestRow,
     *,
     status: str,
     reply: dict[str, Any] | None = None,
     error: str | None = None,
 ) -> bool:
     """A submitted request answered (``answered``, with its reply), or failed (back to
-    ``pending``, or ``done`` when it is given up). False when it was no longer submitted
-    (another process read the batch first). The caller commits."""
+    ``pending``, or ``done`` when it is given up). False when it is no longer in the batch
+    it was read in (another process read the batch first, and may have sent it again since).
+    The caller commits."""
     values: dict[str, Any] = {"status": status, "reply": reply, "error": error}
     if status == Status.ANSWERED:
         values["claimed_at"] = None
@@ -231,7 +232,11 @@ async def set_outcome(
         values |= {"batch_id": None, "claimed_at": None, "submitted_at": None}
     result = await session.execute(
         update(BatchRequestRow)
-        .where(BatchRequestRow.id == row_id, BatchRequestRow.status == Status.SUBMITTED)
+        .where(
+            _held([row]),
+            BatchRequestRow.status == Status.SUBMITTED,
+            BatchRequestRow.batch_id == row.batch_id,
+        )
         .values(**values)
     )
     return bool(getattr(result, "rowcount", 0))

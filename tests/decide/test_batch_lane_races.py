@@ -719,3 +719,30 @@ async def test_a_database_refusing_an_audit_row_before_sending_spends_no_attempt
     assert [r.attempts for r in await _requests(harness)] == [1, 1]
     for event in events:
         assert len((await harness.rows(event.id)).outbox) == 1
+
+
+async def test_a_process_reading_an_ended_batch_late_leaves_a_request_sent_again_alone(
+    harness: Harness,
+) -> None:
+    """Two processes read the same ended batch, in which a request errored. B reads it first
+    and sends the request again in a new batch; A, far behind in the batch's rows, reaches
+    it only then: it must not put the request (now in B's batch) back to waiting."""
+
+    def first_attempt_errs(custom: str) -> Result:
+        failed = BatchFailure("errored", "api_error: overloaded")
+        return failed if custom.endswith("-a1") else _reply()
+
+    client = ScriptedBatches(first_attempt_errs)
+    a, b = _lane(harness, client), _lane(harness, client)
+    event = await _park(harness, a, "acme/a")
+    await a._send("triage")
+    async with harness.sessions() as session:
+        (as_a_read_it,) = await batches.in_batch(session, "msgbatch_1")
+    await b.round()  # errored: waits for the next batch
+    await b._send("triage")
+    await a._outcome(as_a_read_it, BatchFailure("errored", "api_error: overloaded"))
+    (row,) = await _requests(harness)
+    assert (row.status, row.batch_id, row.attempts) == ("submitted", "msgbatch_2", 2)
+    for _ in range(2):
+        await b.round()
+    assert len((await harness.rows(event.id)).outbox) == 1 and len(client.batches) == 2
