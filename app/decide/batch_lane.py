@@ -17,9 +17,10 @@ half the price, answered within 24 hours instead of seconds.
   rows get its id. Then every sent batch is asked whether it ended; an ended batch's replies
   are stored on their requests and their audit rows completed, priced at the batch rate.
 - A request the batch did not answer (expired, errored, canceled; its batch unknown to the
-  API, or still running an hour past its expiry) is sent again in a later batch, up to
-  ``MAX_ATTEMPTS`` in all; then, in one transaction, it is done and its event
-  dead-lettered with the reason. A request whose pipeline is gone from the config is given
+  API, or still running or unreadable an hour past its 24 hours) is sent again in a later
+  batch, up to ``MAX_ATTEMPTS`` in all; then, in one transaction, it is done and its event
+  dead-lettered with the reason. A request's outcome and its audit row's are written in
+  one transaction. A request whose pipeline is gone from the config is given
   up the same way; one whose pipeline is no longer ``mode: batch`` is sent all the same.
   A batch of several requests that the API refuses (4xx) is split: its requests are sent one
   per batch from the next round on, and only a request refused on its own counts that as
@@ -35,7 +36,9 @@ half the price, answered within 24 hours instead of seconds.
   process whose batch creation outlasted its claim records nothing when it wakes (the
   attempt number fences the claim): its audit rows say the request was taken over, and its
   batch, if none of it is still its own, is canceled. Failing before anything was sent (the
-  database refusing an audit row) gives the claims back uncounted. Every process runs the
+  database refusing an audit row) gives the claims back uncounted; a batch created that
+  the database would not record is canceled. A claim past ``MAX_ATTEMPTS`` (its processes
+  kept dying or stalling) gives the request up instead of sending it. Every process runs the
   lane; claims and conditional updates keep two of them from sending or deciding a request
   twice.
 """
@@ -65,7 +68,7 @@ from app.observability.metrics import BATCH_REQUESTS
 from app.store import batches
 from app.store.dead_letters import DeadLetters
 from app.store.models import BatchRequestRow, BatchRequestStatus, EventRow, LlmCallStatus
-from app.store.repository import OutboxRepository
+from app.store.repository import LlmCallRepository, OutboxRepository
 from app.store.windows import as_utc
 
 log = structlog.get_logger(__name__)
@@ -74,8 +77,10 @@ MAX_BACKOFF_SECONDS = 300.0
 ROUND_SECONDS = 1.0
 # Where no pipeline is ``mode: batch``: only requests a former config parked are seen to.
 IDLE_ROUND_SECONDS = 10.0
-# A batch still not ended this long after its expires_at is not waited for any more.
+# A batch still not ended (or not readable) this long after its expires_at is not waited for
+# any more. The API expires a batch 24 hours after its creation.
 EXPIRY_GRACE = timedelta(hours=1)
+BATCH_LIFETIME = timedelta(hours=24)
 DEFAULTS = BatchLaneConfig()
 # Requests parked by a former config whose pipeline is live now: nothing more will join them.
 LEFT_BEHIND = BatchLaneConfig(wait_seconds=0)
@@ -192,6 +197,16 @@ class BatchLane:
             rows = await batches.claim_pending(
                 session, pipeline=name, limit=settings.max_requests, now=now
             )
+        # A claim counts an attempt even when it timed out (its process died or stalled
+        # while creating the batch): past the last one the request is given up, not sent.
+        spent = [row for row in rows if row.attempts > MAX_ATTEMPTS]
+        for row in spent:
+            await self._give_up(
+                row,
+                reason=f"claimed {row.attempts} times, never answered: its process died or "
+                "stalled while creating the batch",
+            )
+        rows = [row for row in rows if row not in spent]
         # Split before sending: a refusal of ``together`` gives its rows back unsent.
         alone = [row for row in rows if row.id in self._alone]
         together = [row for row in rows if row.id not in self._alone]
@@ -256,10 +271,14 @@ class BatchLane:
             return
         self._backoff = 0.0
         self._alone.difference_update(row.id for row in rows)
-        async with self.sessions() as session:
-            recorded = await batches.mark_submitted(
-                session, rows, batch_id=batch_id, call_ids=call_ids, now=self.clock()
-            )
+        try:
+            async with self.sessions() as session:
+                recorded = await batches.mark_submitted(
+                    session, rows, batch_id=batch_id, call_ids=call_ids, now=self.clock()
+                )
+        except (SQLAlchemyError, OSError) as exc:
+            await self._unrecorded(batch_id, call_ids, attempts, exc)
+            raise
         if len(recorded) < len(rows):
             await self._claims_lost(batch_id, rows, recorded, call_ids, attempts)
         BATCH_REQUESTS.labels(pipeline=name, outcome="submitted").inc(len(recorded))
@@ -287,6 +306,33 @@ class BatchLane:
                 await batches.give_back(session, rows, counted=False)
         except (SQLAlchemyError, OSError) as again:
             log.warning("batch_claims_kept", requests=len(rows), error=type(again).__name__)
+
+    async def _unrecorded(
+        self,
+        batch_id: str,
+        call_ids: dict[int, str],
+        attempts: dict[int, Attempt],
+        exc: Exception,
+    ) -> None:
+        """The batch was created but the database would not record it: nobody will read it,
+        so it is canceled, and its audit rows say so (as far as the database lets). The
+        claims time out and the requests are sent again, each claim counted."""
+        log.error("batch_not_recorded", batch_id=batch_id, error=type(exc).__name__)
+        try:
+            await self.client.cancel(batch_id)
+        except ClaudeError as failed:
+            log.warning("batch_cancel_failed", batch_id=batch_id, error=failed.error_type)
+        failure = ClaudeError(
+            f"batch {batch_id} created but not recorded: {type(exc).__name__}",
+            error_type="BatchNotRecorded",
+            retryable=True,
+        )
+        try:
+            for row_id, call_id in call_ids.items():
+                outcome = self.processor.trail.recorder.failure_outcome(attempts[row_id], failure)
+                await self.processor.trail.complete(call_id, outcome)
+        except (SQLAlchemyError, OSError) as again:
+            log.warning("batch_audit_unfinished", batch_id=batch_id, error=type(again).__name__)
 
     async def _claims_lost(
         self,
@@ -326,11 +372,13 @@ class BatchLane:
             try:
                 await self._read_one(batch_id, now=now)
             except ClaudeError as exc:
-                if exc.status != 404:  # it could not answer now (or not us): ask again later
+                if exc.status != 404 and not await self._past_reading(batch_id, now=now):
+                    # It could not answer now (or not us): ask again later.
                     log.warning("batch_unreadable", batch_id=batch_id, error=exc.error_type)
                     await self._poll_later(batch_id, now=now)
                     continue
-                # The API will never tell (it does not know the batch): no answers came.
+                # The API will never tell (it does not know the batch, or has not let it be
+                # read by an hour past its 24 hours): no answers came.
                 log.error("batch_lost", batch_id=batch_id, error=exc.error_type)
                 failure = BatchFailure("errored", f"the API cannot read it: {exc.error_type}")
                 await self._fail_all(batch_id, failure)
@@ -349,6 +397,13 @@ class BatchLane:
             rows = await batches.in_batch(session, batch_id)
         for row in rows:
             await self._outcome(row, results.get(custom_id(row)))
+
+    async def _past_reading(self, batch_id: str, *, now: datetime) -> bool:
+        """Whether the batch was created more than its 24 hours and the grace period ago:
+        whatever fails about it (its status, its results), it is not waited for any more."""
+        async with self.sessions() as session:
+            submitted = await batches.submitted_at(session, batch_id)
+        return submitted is not None and now > as_utc(submitted) + BATCH_LIFETIME + EXPIRY_GRACE
 
     async def _abandon(self, batch_id: str) -> None:
         """The batch outlived its expiry: canceled (if the API still listens), its requests
@@ -376,51 +431,57 @@ class BatchLane:
     async def _outcome(
         self, row: BatchRequestRow, result: ClaudeReply | BatchFailure | None
     ) -> None:
-        trail = self.processor.trail
+        """The request's outcome and its audit row's, in one transaction: a process that
+        stalls or loses the database between the two leaves neither half done (the audit
+        row ``unknown`` for ever, or written over a decider's verdict when it wakes)."""
+        recorder = self.processor.trail.recorder
         if isinstance(result, ClaudeReply):
-            outcome = trail.recorder.reply_outcome(
+            outcome = recorder.reply_outcome(
                 result, status=LlmCallStatus.OK, error=None, batch=True
             )
             async with self.sessions() as session:
-                if await batches.set_outcome(
+                if not await batches.set_outcome(
                     session,
                     row,
                     status=BatchRequestStatus.ANSWERED,
                     reply=dataclasses.asdict(result),
                 ):
-                    await session.commit()
-                    if row.llm_call_id is not None:
-                        await trail.complete(row.llm_call_id, outcome)
-                    # Charged here, where one process records the answer once: any number
-                    # of processes may try to decide it.
-                    await self.processor.caller.budgets.charge(
-                        row.pipeline,
-                        tokens=usage_of(result).total,  # cache tokens too, as a live call
-                        cost_usd=float(outcome["cost_usd"]),
-                    )
+                    return  # another process read the batch first
+                await _complete_call(session, row, outcome)
+                await session.commit()
+            # Charged here, where one process records the answer once: any number of
+            # processes may try to decide it.
+            await self.processor.caller.budgets.charge(
+                row.pipeline,
+                tokens=usage_of(result).total,  # cache tokens too, as a live call
+                cost_usd=float(outcome["cost_usd"]),
+            )
             BATCH_REQUESTS.labels(pipeline=row.pipeline, outcome="succeeded").inc()
             return
         kind = result.kind if result is not None else "errored"
         detail = result.detail if result is not None else "the batch's results left it out"
         reason = f"batch {row.batch_id}: {kind}: {detail}"[:1000]
         again = row.attempts < MAX_ATTEMPTS
+        failure = ClaudeError(reason, error_type=f"Batch{kind.title()}", retryable=again)
+        attempt = Attempt(row.attempts, "anthropic", _request(row.request), BreakerState.CLOSED)
+        audit = recorder.failure_outcome(attempt, failure)
         if again:
             async with self.sessions() as session:
                 changed = await batches.set_outcome(
                     session, row, status=BatchRequestStatus.PENDING, error=reason
                 )
+                if changed:
+                    await _complete_call(session, row, audit)
                 await session.commit()
         else:
             changed = await self._give_up(
-                row, reason=f"no answer after {row.attempts} batch attempts; last: {reason}"
+                row,
+                reason=f"no answer after {row.attempts} batch attempts; last: {reason}",
+                audit=audit,
             )
         if not changed:
             return
         BATCH_REQUESTS.labels(pipeline=row.pipeline, outcome=kind).inc()
-        if row.llm_call_id is not None:
-            failure = ClaudeError(reason, error_type=f"Batch{kind.title()}", retryable=again)
-            attempt = Attempt(row.attempts, "anthropic", _request(row.request), BreakerState.CLOSED)
-            await trail.complete(row.llm_call_id, trail.recorder.failure_outcome(attempt, failure))
         log.warning("batch_request_failed", event_id=row.event_id, reason=reason, again=again)
 
     async def _decide(self) -> None:
@@ -472,16 +533,21 @@ class BatchLane:
         async with self.sessions() as session:
             await batches.finish(session, row.id, error=error)
 
-    async def _give_up(self, row: BatchRequestRow, *, reason: str) -> bool:
+    async def _give_up(
+        self, row: BatchRequestRow, *, reason: str, audit: dict[str, Any] | None = None
+    ) -> bool:
         """The request done and its event dead-lettered in one transaction: a process dying
         between the two would leave the event undecided for ever. False when another process
         moved the request first, or a worker started the event since (the next round tries
-        again)."""
+        again). ``audit``: the outcome of the request's audit row, written in the same
+        transaction."""
         self._alone.discard(row.id)
         epoch = await self._fence(row.event_id)
         async with self.sessions() as session:
             if not await batches.give_up(session, row, error=reason):
                 return False
+            if audit is not None:
+                await _complete_call(session, row, audit)
             try:
                 await DeadLetters.add_in(
                     session, row.event_id, stage="llm", reason=reason, epoch=epoch
@@ -497,6 +563,14 @@ class BatchLane:
         async with self.sessions() as session:
             stored = await session.get(EventRow, event_id)
         return stored.fence if stored is not None else 0
+
+
+async def _complete_call(
+    session: AsyncSession, row: BatchRequestRow, outcome: dict[str, Any]
+) -> None:
+    """The audit row of the request's attempt (if it has one) completed in ``session``."""
+    if row.llm_call_id is not None:
+        await LlmCallRepository(session).complete(row.llm_call_id, outcome)
 
 
 def _audit_event(row: BatchRequestRow) -> Event:

@@ -204,6 +204,14 @@ async def pipeline_of(session: AsyncSession, batch_id: str) -> str | None:
     return str(found) if found is not None else None
 
 
+async def submitted_at(session: AsyncSession, batch_id: str) -> datetime | None:
+    """When the batch was created (recorded), read without its requests."""
+    found = await session.scalar(
+        select(func.min(BatchRequestRow.submitted_at)).where(BatchRequestRow.batch_id == batch_id)
+    )
+    return found if isinstance(found, datetime) else None
+
+
 async def in_batch(session: AsyncSession, batch_id: str) -> Sequence[BatchRequestRow]:
     rows = await session.scalars(
         select(BatchRequestRow)
