@@ -366,6 +366,8 @@ class BatchLane:
         async with self.sessions() as session:
             sent = await batches.submitted_batches(session)
         now = self.clock()
+        for done in self._next_poll.keys() - set(sent):  # read by another process
+            del self._next_poll[done]
         for batch_id in sent:
             if self._next_poll.get(batch_id, now) > now:
                 continue
@@ -502,6 +504,7 @@ class BatchLane:
             ):
                 return  # another process is deciding it
             stored = await session.get(EventRow, row.event_id)
+            replayed = stored is not None and stored.replays != row.generation
             decided = stored is not None and (
                 stored.status not in UNDECIDED
                 or await OutboxRepository(session).for_event(
@@ -511,10 +514,14 @@ class BatchLane:
         if row.pipeline not in self.config.pipelines:
             await self._give_up(row, reason=f"pipeline {row.pipeline!r} is no longer configured")
             return
-        if stored is None or row.reply is None or row.llm_call_id is None or decided:
-            # Decided already (by a process that died before it marked the request done).
+        if stored is None or row.reply is None or row.llm_call_id is None or decided or replayed:
+            # Decided already (by a process that died before it marked the request done), or
+            # replayed since: a newer generation decides the event.
+            error = "replayed: a newer generation decides it" if replayed else None
             async with self.sessions() as session:
-                await batches.finish(session, row.id, error=None if decided else "event gone")
+                await batches.finish(
+                    session, row.id, error=error if decided or replayed else "event gone"
+                )
             return
         source = self.config.sources.get(stored.source)
         event = member_event(stored, source).model_copy(update={"generation": row.generation})

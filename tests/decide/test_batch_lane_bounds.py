@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from redis.asyncio import Redis
+from sqlalchemy import update
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
@@ -20,13 +21,14 @@ from app.decide.batch_lane import MAX_ATTEMPTS, BatchLane
 from app.llm.batches import BatchCounts, BatchFailure, BatchStatus
 from app.llm.client import ClaudeError, ClaudeRequest
 from app.store import batches as batch_store
-from app.store.models import BatchRequestStatus, LlmCallStatus
+from app.store.models import BatchRequestRow, BatchRequestStatus, EventRow, LlmCallStatus
 from app.store.repository import LlmCallRepository
 from tests.decide.test_batch_lane_races import (
     BATCH,
     NOW,
     Killed,
     Result,
+    RunningBatches,
     ScriptedBatches,
     SlowBatches,
     _lane,
@@ -257,3 +259,35 @@ async def test_an_outcome_whose_audit_row_is_refused_is_recorded_again_with_it(
         await lane.round()
     assert len((await harness.rows(event.id)).outbox) == 1
     assert await _unknown_calls(harness, event.id) == []
+
+
+async def test_an_answer_for_an_event_replayed_since_decides_nothing(harness: Harness) -> None:
+    """The event was replayed (a new generation) after its request was answered: the old
+    generation's answer is not stored beside the new one's decision."""
+    lane = _lane(harness, ScriptedBatches(answered))
+    event = await _park(harness, lane, "acme/a")
+    await lane._send("triage")
+    await lane._read()
+    async with harness.sessions() as session:
+        await session.execute(update(EventRow).where(EventRow.id == event.id).values(replays=1))
+        await session.commit()
+    await lane._decide()
+    (row,) = await _requests(harness)
+    assert row.status == BatchRequestStatus.DONE and (row.error or "").startswith("replayed")
+    assert (await harness.rows(event.id)).outbox == []
+
+
+async def test_a_batch_another_process_read_is_no_longer_remembered(harness: Harness) -> None:
+    """A process remembers when to poll each running batch; once another process has read
+    the batch (no request of it is waiting any more), the entry goes: a long-lived process
+    does not keep one per batch it ever saw."""
+    lane = _lane(harness, RunningBatches(answered))
+    await _park(harness, lane, "acme/a")
+    await lane._send("triage")
+    await lane._read()
+    assert list(lane._next_poll) == ["msgbatch_1"]
+    async with harness.sessions() as session:
+        await session.execute(update(BatchRequestRow).values(status=BatchRequestStatus.DONE))
+        await session.commit()
+    await lane._read()
+    assert lane._next_poll == {}
