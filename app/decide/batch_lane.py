@@ -17,11 +17,12 @@ half the price, answered within 24 hours instead of seconds.
   rows get its id. Then every sent batch is asked whether it ended; an ended batch's replies
   are stored on their requests and their audit rows completed, priced at the batch rate.
 - A request the batch did not answer (expired, errored, canceled; its batch unknown to the
-  API, or still running or unreadable an hour past its 24 hours) is sent again in a later
-  batch, up to ``MAX_ATTEMPTS`` in all; then, in one transaction, it is done and its event
-  dead-lettered with the reason. A request's outcome and its audit row's are written in
-  one transaction. A request whose pipeline is gone from the config is given
-  up the same way; one whose pipeline is no longer ``mode: batch`` is sent all the same.
+  API; still running an hour past its 24 hours, or by then failing every read for an hour)
+  is sent again in a later batch, up to ``MAX_ATTEMPTS`` in all; then, in one transaction,
+  it is done and its event dead-lettered with the reason (not an event replayed since,
+  which a newer generation decides). A request's outcome and its audit row's are written
+  in one transaction. A request whose pipeline is gone from the config is given up the
+  same way; one whose pipeline is no longer ``mode: batch`` is sent all the same.
   A batch of several requests that the API refuses (4xx) is split: its requests are sent one
   per batch from the next round on, and only a request refused on its own counts that as
   an attempt. Failing to reach the API counts for none, and the lane waits longer each time
@@ -128,6 +129,8 @@ class BatchLane:
         # at fault is refused again and counts attempts (kept in memory: after a restart a
         # refused batch is split again).
         self._alone: set[int] = set()
+        # When reading each batch began to fail (kept in memory, as the poll times).
+        self._unreadable_since: dict[str, datetime] = {}
         self.round_seconds = ROUND_SECONDS if self.pipelines else IDLE_ROUND_SECONDS
 
     async def park(self, event: Event, request: ClaudeRequest) -> None:
@@ -200,20 +203,40 @@ class BatchLane:
         # A claim counts an attempt even when it timed out (its process died or stalled
         # while creating the batch): past the last one the request is given up, not sent.
         spent = [row for row in rows if row.attempts > MAX_ATTEMPTS]
-        for row in spent:
-            await self._give_up(
-                row,
-                reason=f"claimed {row.attempts} times, never answered: its process died or "
-                "stalled while creating the batch",
-            )
-        rows = [row for row in rows if row not in spent]
         # Split before sending: a refusal of ``together`` gives its rows back unsent.
-        alone = [row for row in rows if row.id in self._alone]
-        together = [row for row in rows if row.id not in self._alone]
-        if together:
-            await self._create(name, together)
-        for row in alone:
-            await self._create(name, [row])
+        alone = [row for row in rows if row.id in self._alone and row not in spent]
+        together = [row for row in rows if row.id not in self._alone and row not in spent]
+        groups = [group for group in [together, *([row] for row in alone)] if group]
+        # On a failure the claims not tried yet go back uncounted (a batch that failed gave
+        # its own back): a failure that was not theirs spends none of their attempts.
+        try:
+            for row in spent:
+                await self._give_up(
+                    row,
+                    reason=f"claimed {row.attempts} times, never answered: its process died "
+                    "or stalled while creating the batch",
+                )
+        except Exception:
+            await self._give_back_quietly([row for rest in groups for row in rest])
+            raise
+        while groups:
+            group = groups.pop(0)
+            try:
+                await self._create(name, group)
+            except Exception:
+                await self._give_back_quietly([row for rest in groups for row in rest])
+                raise
+
+    async def _give_back_quietly(self, rows: Sequence[BatchRequestRow]) -> None:
+        """Claims given back uncounted, as far as the database lets; what it refuses waits
+        for the claim timeout."""
+        if not rows:
+            return
+        try:
+            async with self.sessions() as session:
+                await batches.give_back(session, rows, counted=False)
+        except (SQLAlchemyError, OSError) as again:
+            log.warning("batch_claims_kept", requests=len(rows), error=type(again).__name__)
 
     async def _create(self, name: str, rows: Sequence[BatchRequestRow]) -> None:
         trail = self.processor.trail
@@ -291,8 +314,8 @@ class BatchLane:
         attempts: dict[int, Attempt],
         exc: Exception,
     ) -> None:
-        """The claims given back uncounted and the audit rows begun completed, as far as the
-        database lets; what it refuses waits for the claim timeout."""
+        """The audit rows begun completed and the claims given back uncounted, as far as the
+        database lets."""
         failure = ClaudeError(
             f"batch not created: {type(exc).__name__} before sending",
             error_type="BatchNotSent",
@@ -302,10 +325,9 @@ class BatchLane:
             for row_id, call_id in call_ids.items():
                 outcome = self.processor.trail.recorder.failure_outcome(attempts[row_id], failure)
                 await self.processor.trail.complete(call_id, outcome)
-            async with self.sessions() as session:
-                await batches.give_back(session, rows, counted=False)
         except (SQLAlchemyError, OSError) as again:
-            log.warning("batch_claims_kept", requests=len(rows), error=type(again).__name__)
+            log.warning("batch_audit_unfinished", requests=len(rows), error=type(again).__name__)
+        await self._give_back_quietly(rows)
 
     async def _unrecorded(
         self,
@@ -314,9 +336,13 @@ class BatchLane:
         attempts: dict[int, Attempt],
         exc: Exception,
     ) -> None:
-        """The batch was created but the database would not record it: nobody will read it,
-        so it is canceled, and its audit rows say so (as far as the database lets). The
-        claims time out and the requests are sent again, each claim counted."""
+        """The batch was created but recording it failed. If the database did record it
+        (only the reply to its commit was lost), it is read as any other. Otherwise nobody
+        will read it: it is canceled and its audit rows say so (as far as the database
+        lets); the claims time out and the requests are sent again, each claim counted."""
+        if await self._recorded(batch_id):
+            log.warning("batch_recorded_despite_error", batch_id=batch_id)
+            return
         log.error("batch_not_recorded", batch_id=batch_id, error=type(exc).__name__)
         try:
             await self.client.cancel(batch_id)
@@ -333,6 +359,14 @@ class BatchLane:
                 await self.processor.trail.complete(call_id, outcome)
         except (SQLAlchemyError, OSError) as again:
             log.warning("batch_audit_unfinished", batch_id=batch_id, error=type(again).__name__)
+
+    async def _recorded(self, batch_id: str) -> bool:
+        """Whether a request holds the batch; False when the database cannot say either."""
+        try:
+            async with self.sessions() as session:
+                return await batches.pipeline_of(session, batch_id) is not None
+        except (SQLAlchemyError, OSError):
+            return False
 
     async def _claims_lost(
         self,
@@ -368,22 +402,29 @@ class BatchLane:
         now = self.clock()
         for done in self._next_poll.keys() - set(sent):  # read by another process
             del self._next_poll[done]
+        for done in self._unreadable_since.keys() - set(sent):
+            del self._unreadable_since[done]
         for batch_id in sent:
             if self._next_poll.get(batch_id, now) > now:
                 continue
             try:
                 await self._read_one(batch_id, now=now)
             except ClaudeError as exc:
-                if exc.status != 404 and not await self._past_reading(batch_id, now=now):
+                since = self._unreadable_since.setdefault(batch_id, now)
+                if exc.status != 404 and not (
+                    now - since >= EXPIRY_GRACE and await self._past_reading(batch_id, now=now)
+                ):
                     # It could not answer now (or not us): ask again later.
                     log.warning("batch_unreadable", batch_id=batch_id, error=exc.error_type)
                     await self._poll_later(batch_id, now=now)
                     continue
-                # The API will never tell (it does not know the batch, or has not let it be
-                # read by an hour past its 24 hours): no answers came.
+                # The API will never tell (it does not know the batch, or past its 24 hours
+                # and the grace period it has failed every read for an hour): no answers came.
                 log.error("batch_lost", batch_id=batch_id, error=exc.error_type)
                 failure = BatchFailure("errored", f"the API cannot read it: {exc.error_type}")
                 await self._fail_all(batch_id, failure)
+            else:
+                self._unreadable_since.pop(batch_id, None)
 
     async def _read_one(self, batch_id: str, *, now: datetime) -> None:
         status = await self.client.status(batch_id)
@@ -547,14 +588,20 @@ class BatchLane:
         between the two would leave the event undecided for ever. False when another process
         moved the request first, or a worker started the event since (the next round tries
         again). ``audit``: the outcome of the request's audit row, written in the same
-        transaction."""
+        transaction. A request of an older generation (the event was replayed since) is done
+        without dead-lettering the event its newer generation is deciding."""
         self._alone.discard(row.id)
-        epoch = await self._fence(row.event_id)
+        epoch, generation = await self._fence(row)
+        replayed = generation != row.generation
         async with self.sessions() as session:
-            if not await batches.give_up(session, row, error=reason):
+            error = f"replayed since: {reason}" if replayed else reason
+            if not await batches.give_up(session, row, error=error[:1000]):
                 return False
             if audit is not None:
                 await _complete_call(session, row, audit)
+            if replayed:  # a newer generation decides the event: it is not dead-lettered
+                await session.commit()
+                return True
             try:
                 await DeadLetters.add_in(
                     session, row.event_id, stage="llm", reason=reason, epoch=epoch
@@ -566,10 +613,11 @@ class BatchLane:
         DeadLetters.count(row.event_id, stage="llm", reason=reason)
         return True
 
-    async def _fence(self, event_id: str) -> int:
+    async def _fence(self, row: BatchRequestRow) -> tuple[int, int]:
+        """The request's event's fence and its current generation."""
         async with self.sessions() as session:
-            stored = await session.get(EventRow, event_id)
-        return stored.fence if stored is not None else 0
+            stored = await session.get(EventRow, row.event_id)
+        return (stored.fence, stored.replays) if stored is not None else (0, row.generation)
 
 
 async def _complete_call(
