@@ -321,12 +321,7 @@ class BatchLane:
             error_type="BatchNotSent",
             retryable=True,
         )
-        try:
-            for row_id, call_id in call_ids.items():
-                outcome = self.processor.trail.recorder.failure_outcome(attempts[row_id], failure)
-                await self.processor.trail.complete(call_id, outcome)
-        except (SQLAlchemyError, OSError) as again:
-            log.warning("batch_audit_unfinished", requests=len(rows), error=type(again).__name__)
+        await self._fail_calls_quietly(call_ids, attempts, failure)
         await self._give_back_quietly(rows)
 
     async def _unrecorded(
@@ -353,12 +348,20 @@ class BatchLane:
             error_type="BatchNotRecorded",
             retryable=True,
         )
+        await self._fail_calls_quietly(call_ids, attempts, failure)
+
+    async def _fail_calls_quietly(
+        self, call_ids: dict[int, str], attempts: dict[int, Attempt], failure: ClaudeError
+    ) -> None:
+        """The audit rows begun completed with ``failure``, as far as the database lets."""
         try:
             for row_id, call_id in call_ids.items():
                 outcome = self.processor.trail.recorder.failure_outcome(attempts[row_id], failure)
                 await self.processor.trail.complete(call_id, outcome)
         except (SQLAlchemyError, OSError) as again:
-            log.warning("batch_audit_unfinished", batch_id=batch_id, error=type(again).__name__)
+            log.warning(
+                "batch_audit_unfinished", requests=len(call_ids), error=type(again).__name__
+            )
 
     async def _recorded(self, batch_id: str) -> bool:
         """Whether a request holds the batch; False when the database cannot say either."""

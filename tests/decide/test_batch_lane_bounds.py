@@ -15,7 +15,7 @@ import pytest
 from redis.asyncio import Redis
 from sqlalchemy import update
 from sqlalchemy.exc import OperationalError
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.decide.batch_lane import MAX_ATTEMPTS, BatchLane
 from app.llm.batches import BatchCounts, BatchFailure, BatchStatus
@@ -35,6 +35,7 @@ from tests.decide.test_batch_lane_races import (
     _park,
     _reply,
     _requests,
+    _stalling,
     _status,
     _take_over,
     answered,
@@ -188,24 +189,6 @@ async def test_an_ended_batch_whose_results_cannot_be_read_is_not_waited_for_for
     assert len(client.batches) == MAX_ATTEMPTS
 
 
-def _stalling_after_commit(
-    harness: Harness, stall: Callable[[], Awaitable[None]]
-) -> async_sessionmaker[AsyncSession]:
-    """Sessions of a process that stalls (``stall`` runs) right after its first commit."""
-    fired: list[bool] = []
-
-    class Stalling(AsyncSession):
-        async def commit(self) -> None:
-            await super().commit()
-            if not fired:
-                fired.append(True)
-                await stall()
-
-    engine = harness.sessions().bind
-    assert isinstance(engine, AsyncEngine)
-    return async_sessionmaker(engine, class_=Stalling, expire_on_commit=False)
-
-
 async def test_a_process_stalling_after_storing_an_answer_leaves_the_verdict_on_its_audit_row(
     harness: Harness,
 ) -> None:
@@ -223,7 +206,7 @@ async def test_a_process_stalling_after_storing_an_answer_leaves_the_verdict_on_
     async def y_decides() -> None:
         await y._decide()
 
-    x.sessions = _stalling_after_commit(harness, y_decides)
+    x.sessions = _stalling(harness, y_decides, after="commit")
     await x._read()
     assert await _status(harness, event.id) == "dead_lettered"
     calls = (await harness.rows(event.id)).calls

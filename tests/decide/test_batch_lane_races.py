@@ -351,16 +351,28 @@ async def test_polling_a_running_batch_reads_none_of_its_requests(harness: Harne
     assert not [s for s in statements if "batch_requests.request" in s]
 
 
-def _stalling(harness: Harness, stall: Callable[[], Awaitable[None]]) -> Sessions:
-    """Sessions of a process that stalls (``stall`` runs) when its first session closes."""
+def _stalling(
+    harness: Harness, stall: Callable[[], Awaitable[None]], *, after: str = "close"
+) -> Sessions:
+    """Sessions of a process that stalls (``stall`` runs) once its first session closes, or
+    (``after="commit"``) right after its first commit."""
     fired: list[bool] = []
+
+    async def once() -> None:
+        if not fired:
+            fired.append(True)
+            await stall()
 
     class Stalling(AsyncSession):
         async def close(self) -> None:
             await super().close()
-            if not fired:
-                fired.append(True)
-                await stall()
+            if after == "close":
+                await once()
+
+        async def commit(self) -> None:
+            await super().commit()
+            if after == "commit":
+                await once()
 
     engine = harness.sessions().bind
     assert isinstance(engine, AsyncEngine)
