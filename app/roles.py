@@ -73,6 +73,7 @@ from app.settings import Settings
 from app.sources.base import AdapterDeps
 from app.state import ApiParts, Processing, Running, Shared, WorkerParts
 from app.store.db import create_engine, read_session_factory, session_factory
+from app.store.driver import DriverPool
 from app.store.migrate import upgrade_head
 from app.store.models import CallPurpose
 from app.store.retention import RetentionJob
@@ -214,6 +215,7 @@ async def _build_worker(shared: Shared, stack: AsyncExitStack) -> WorkerParts:
     health = LlmHealth()
     processing = None
     if clients:
+        driver = await _driver_pool(shared, stack)
         processor = build_processor(
             settings=settings,
             config=config,
@@ -222,6 +224,7 @@ async def _build_worker(shared: Shared, stack: AsyncExitStack) -> WorkerParts:
             clients=clients,
             health=health,
             on_stored=relay.wake if relay is not None else lambda: None,
+            driver=driver,
         )
         shadow = _build_shadow(shared, clients, live=processor)
         worker = QueueWorker(
@@ -252,6 +255,28 @@ async def _build_worker(shared: Shared, stack: AsyncExitStack) -> WorkerParts:
 
     shared.health.check("llm", llm, required=True)
     return WorkerParts(llm_health=health, processing=processing, relay=relay)
+
+
+async def _driver_pool(shared: Shared, stack: AsyncExitStack) -> DriverPool | None:
+    """On PostgreSQL, the pool the worker's per-event statements run on (``driver.py``),
+    sized like the engine's; its connections are opened as they are needed."""
+    engine = shared.engine
+    if engine.dialect.name != "postgresql":
+        return None
+    driver = await DriverPool.open(
+        engine.url, engine.dialect, size=shared.settings.database_pool_size
+    )
+    stack.push_async_callback(_close_driver, driver)
+    return driver
+
+
+async def _close_driver(driver: DriverPool) -> None:
+    """As ``_dispose``: a database behind a silent network never answers the goodbyes."""
+    try:
+        await asyncio.wait_for(driver.close(), DISPOSE_TIMEOUT_SECONDS)
+    except TimeoutError:
+        log.warning("database_driver_close_timed_out", seconds=DISPOSE_TIMEOUT_SECONDS)
+        driver.terminate()
 
 
 async def _build_relay(shared: Shared, stack: AsyncExitStack, *, owner: str) -> OutboxRelay | None:

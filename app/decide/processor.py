@@ -42,9 +42,11 @@ from app.publish.messages import outbox_row
 from app.store import windows
 from app.store.dead_letters import DeadLetters
 from app.store.decisions import Decision, DecisionStore
+from app.store.driver import DriverPool
 from app.store.models import EventRow, LlmCallStatus, OutboxRow, utcnow
 from app.store.repository import (
     EVENT_FIELDS,
+    Delivery,
     LlmCallRepository,
     OutboxRepository,
     start_delivery,
@@ -101,13 +103,16 @@ class EventProcessor:
         after_decided: AfterDecided | None = None,
         cache: ResponseCache | None = None,
         window_closed: WindowClosed | None = None,
+        driver: DriverPool | None = None,
     ) -> None:
         self.config = config
         self.sessions = sessions
         # start_delivery is one statement: on an autocommit connection it is one round trip
-        # (no BEGIN, no COMMIT) and skips the ORM session, on every event's critical path.
+        # (no BEGIN, no COMMIT) and skips the ORM session, on every event's critical path;
+        # on PostgreSQL it goes straight to the driver (``store/driver.py``).
         self.autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
-        self.decisions = DecisionStore(engine)
+        self.driver = driver
+        self.decisions = DecisionStore(engine, driver=driver)
         self.caller = caller
         self.trail = trail
         self.dead_letters = DeadLetters(sessions=sessions)
@@ -158,10 +163,7 @@ class EventProcessor:
         log_ = log.bind(event_id=event.id, source=event.source, group_key=event.group_key)
         stored: Sequence[OutboxRow] = ()
         attempts = 0
-        async with self.autocommit.connect() as connection:
-            delivery = await start_delivery(
-                connection, fields=_event_fields(event), epoch=epoch, count=counted
-            )
+        delivery = await self._start_delivery(event, epoch=epoch, counted=counted)
         if delivery.fence > epoch:
             raise LeaseLost(f"a later lease tenure (epoch {delivery.fence}) started the event")
         status, deliveries = delivery.status, delivery.deliveries
@@ -188,6 +190,13 @@ class EventProcessor:
             await self._join_window(event, epoch=epoch, log_=log_)
             return
         await self._decide(event, fence=fence, first_attempt=attempts + 1, log_=log_)
+
+    async def _start_delivery(self, event: Event, *, epoch: int, counted: bool) -> Delivery:
+        fields = _event_fields(event)
+        if self.driver is not None:
+            return await start_delivery(self.driver, fields=fields, epoch=epoch, count=counted)
+        async with self.autocommit.connect() as connection:
+            return await start_delivery(connection, fields=fields, epoch=epoch, count=counted)
 
     async def _join_window(self, event: Event, *, epoch: int, log_: Any) -> None:
         """Take the event into its key's open window (it ends ``windowed``); the window it

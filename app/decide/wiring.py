@@ -24,6 +24,7 @@ from app.llm.pricing import PriceTable
 from app.llm.ratelimit import ModelLimits, RateLimiter, YieldingRateLimiter
 from app.settings import Settings
 from app.store.db import session_factory
+from app.store.driver import DriverPool
 
 
 def wants_bedrock(config: GatewayConfig) -> bool:
@@ -96,6 +97,7 @@ def build_processor(
     on_stored: Callable[[], None],
     budget_prefix: str | None = None,
     rate_reserve: float = 0.0,
+    driver: DriverPool | None = None,
 ) -> EventProcessor:
     """The decide stage over Claude through ``clients`` (by provider), with the limiter,
     breaker and budgets shared in ``redis`` and the audit log and outbox in ``engine``.
@@ -131,4 +133,5 @@ def build_processor(
         max_deliveries=settings.max_deliveries,
         on_stored=on_stored,
         cache=ResponseCache(redis, prefix=prefix),
+        driver=driver,
     )

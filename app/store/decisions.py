@@ -2,7 +2,8 @@
 rows, stored together and only while no lease tenure later than the worker's has started
 the event (the fence).
 
-On PostgreSQL it is one statement on an autocommit connection, one round trip: data-modifying
+On PostgreSQL it is one statement (straight on the driver's pool when the worker has one,
+``driver.py``, else on an autocommit connection), one round trip: data-modifying
 CTEs, the event's fenced UPDATE first, and the audit UPDATE and the outbox INSERT only when it
 returned a row. A transaction of the same three statements took five round trips (BEGIN,
 three statements, COMMIT), and the database's round trips are most of a decided event's
@@ -32,6 +33,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from app.store.driver import DriverPool
 from app.store.models import OutboxRow, OutboxStatus, utcnow
 from app.store.repository import (
     EVENTS,
@@ -72,14 +74,18 @@ class Decision:
 
 
 class DecisionStore:
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(self, engine: AsyncEngine, *, driver: DriverPool | None = None) -> None:
         self.engine = engine
         self.autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
         self.one_statement = engine.dialect.name == "postgresql"
+        self.driver = driver if self.one_statement else None
 
     async def store(self, decision: Decision) -> bool:
         """Store the decision; False when a later lease tenure started the event (nothing
         stored)."""
+        if self.driver is not None:
+            row = await self.driver.fetchrow(_statement(len(decision.rows)), _parameters(decision))
+            return row is not None and bool(row[0])
         if self.one_statement:
             async with self.autocommit.connect() as connection:
                 result = await connection.execute(

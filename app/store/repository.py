@@ -13,6 +13,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from app.events import EventStatus
+from app.store.driver import DriverPool
 from app.store.models import (
     Base,
     CallPurpose,
@@ -198,7 +199,11 @@ class Delivery:
 
 
 async def start_delivery(
-    connection: AsyncConnection, *, fields: dict[str, Any], epoch: int = 0, count: bool = True
+    connection: AsyncConnection | DriverPool,
+    *,
+    fields: dict[str, Any],
+    epoch: int = 0,
+    count: bool = True,
 ) -> Delivery:
     """Insert the event on first delivery, count every delivery, raise its fence to the lease
     ``epoch`` of this delivery: one upsert.
@@ -209,14 +214,20 @@ async def start_delivery(
     replayed event (``queued``) becomes ``processing`` again.
 
     One statement, so it is atomic on its own: the worker runs it on an autocommit
-    connection, one round trip instead of BEGIN, upsert and COMMIT. ``count=False``: a retry
-    in place after a dependency was unreachable, which is no new delivery.
+    connection, one round trip instead of BEGIN, upsert and COMMIT (or straight on the
+    driver's pool, ``DriverPool``). ``count=False``: a retry in place after a dependency was
+    unreachable, which is no new delivery.
     """
-    dialect = connection.dialect.name
-    statement = START_DELIVERY["postgresql" if dialect == "postgresql" else "sqlite"]
     params = {**fields, "epoch": epoch, "now": utcnow(), "count": 1 if count else 0}
-    result = await connection.execute(statement, params)
-    status, deliveries, replays, fence = result.one()
+    if isinstance(connection, DriverPool):
+        row = await connection.fetchrow(START_DELIVERY["postgresql"], params)
+        if row is None:
+            raise RuntimeError("the delivery upsert returned no row")
+        status, deliveries, replays, fence = row
+    else:
+        dialect = connection.dialect.name
+        statement = START_DELIVERY["postgresql" if dialect == "postgresql" else "sqlite"]
+        status, deliveries, replays, fence = (await connection.execute(statement, params)).one()
     return Delivery(status, deliveries, replays, fence)
 
 

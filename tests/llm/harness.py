@@ -30,6 +30,7 @@ from app.llm.health import LlmHealth
 from app.llm.pricing import PriceTable
 from app.llm.ratelimit import RateLimiter
 from app.settings import Settings
+from app.store.driver import DriverPool
 from app.store.models import DeadLetterRow, EventRow, LlmCallRow, OutboxRow
 from tests.llm.helpers import FakeClock, RecordedSleeps
 
@@ -184,9 +185,12 @@ def build(
     clients: dict[str, ClaudeClient] | None = None,
     breaker: type[CircuitBreaker] = CircuitBreaker,
     budgets: type[BudgetLedger] = BudgetLedger,
+    driver: DriverPool | None = None,
     **settings: Any,
 ) -> Harness:
-    """``breaker`` and ``budgets`` let a test pass a subclass (e.g. one whose Redis fails)."""
+    """``breaker`` and ``budgets`` let a test pass a subclass (e.g. one whose Redis fails);
+    ``driver``, the worker's per-event statements on PostgreSQL's pool (as ``serve`` runs
+    them there)."""
     config = parse_config(text or config_text())
     defaults: dict[str, Any] = {"llm_retry_base_seconds": 0.5, "llm_audit_text": "redacted"}
     s = Settings(**(defaults | settings))
@@ -221,5 +225,6 @@ def build(
         caller=caller,
         trail=trail,
         max_deliveries=5,
+        driver=driver,
     )
     return Harness(processor, caller, sessions, clock, sleeps, health, ledger, config)

@@ -36,6 +36,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_asyn
 from app.decide.tools import ToolCheck, check_tool_uses
 from app.llm.client import ClaudeReply
 from app.publish.ids import resolve_group_id
+from app.store.driver import DriverPool
 from tests.llm.harness import BASE, build, make_event, reply, tool_use
 
 # What SNS accepts as a MessageGroupId (AWS docs; NOTES.md).
@@ -260,25 +261,31 @@ async def test_a_malformed_reply_is_retried_not_stored(
     assert [c.error_type for c in outcome.calls] == ["MalformedReply"] * 5 + [None]
 
 
+@pytest.mark.parametrize("on_driver", [False, True], ids=["engine", "driver"])
 async def test_a_decision_the_database_refuses_is_dead_lettered_after_one_call(
     api: respx.Router,
     sessions: async_sessionmaker[AsyncSession],
     redis: Redis,
     redis_prefix: str,
     database_url: str,
+    on_driver: bool,
 ) -> None:
     """The database refuses the decision's rows (here a trigger raising a data exception,
     SQLSTATE 22023, as a value out of a column's range would): it will refuse them every
     time, so the event is dead-lettered after one Claude call, and the audit row keeps the
-    call without the reply's texts."""
+    call without the reply's texts. The same through SQLAlchemy and straight on the driver's
+    pool (as ``serve`` runs the decision on PostgreSQL)."""
     if not database_url.startswith("postgresql"):
         pytest.skip("the refusal is a PostgreSQL trigger")
     engine = create_async_engine(database_url)
     async with engine.begin() as conn:
         for statement in _REFUSE_OUTBOX_ROWS:
             await conn.execute(text(statement))
+    driver = await DriverPool.open(engine.url, engine.dialect, size=2) if on_driver else None
     try:
-        h = build(sessions=sessions, redis=redis, prefix=redis_prefix, text=PLAIN_CONFIG)
+        h = build(
+            sessions=sessions, redis=redis, prefix=redis_prefix, text=PLAIN_CONFIG, driver=driver
+        )
         route = api.post("/v1/messages").mock(
             return_value=reply(tool_use(value={"title": "refuse-me"}))
         )
@@ -290,6 +297,8 @@ async def test_a_decision_the_database_refuses_is_dead_lettered_after_one_call(
         async with engine.begin() as conn:
             await conn.execute(text("DROP TRIGGER IF EXISTS refuse_outbox_rows ON outbox"))
         await engine.dispose()
+        if driver is not None:
+            await driver.close()
     assert route.call_count == 1, f"Claude was asked {route.call_count} times ({failures})"
     assert outcome.event.status == "dead_lettered" and not outcome.outbox
     assert "could not be stored" in (outcome.event.error or "")

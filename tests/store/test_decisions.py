@@ -15,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.events import EventStatus
 from app.store.db import create_engine
 from app.store.decisions import Decision, DecisionStore
+from app.store.driver import DriverPool
 from app.store.models import EventRow, LlmCallRow, LlmCallStatus, OutboxRow, OutboxStatus
 from app.store.repository import OUTBOX, LlmCallRepository, start_delivery
 
@@ -24,6 +25,24 @@ async def engine(url: str) -> AsyncIterator[AsyncEngine]:
     made = create_engine(url)
     yield made
     await made.dispose()
+
+
+@pytest.fixture(params=["engine", "driver"])
+async def store(
+    request: pytest.FixtureRequest, engine: AsyncEngine
+) -> AsyncIterator[DecisionStore]:
+    """Through SQLAlchemy, and on PostgreSQL also straight on the driver's pool (as the
+    worker of ``serve`` stores its decisions there)."""
+    if request.param == "engine":
+        yield DecisionStore(engine)
+        return
+    if engine.dialect.name != "postgresql":
+        pytest.skip("the driver's pool is PostgreSQL's")
+    driver = await DriverPool.open(engine.url, engine.dialect, size=2)
+    try:
+        yield DecisionStore(engine, driver=driver)
+    finally:
+        await driver.close()
 
 
 def _outcome(**changed: Any) -> dict[str, Any]:
@@ -121,11 +140,11 @@ async def _state(engine: AsyncEngine, event_id: str) -> tuple[str, str, list[Any
 
 
 async def test_a_decision_is_stored_whole_with_its_rows_in_publish_order(
-    engine: AsyncEngine,
+    engine: AsyncEngine, store: DecisionStore
 ) -> None:
     await _started(engine, "evt_1", epoch=3)
     rows = [_row("evt_1", seq) for seq in range(4)]
-    assert await DecisionStore(engine).store(_decision("evt_1", rows)) is True
+    assert await store.store(_decision("evt_1", rows)) is True
     status, call, stored = await _state(engine, "evt_1")
     assert (status, call) == (EventStatus.PROCESSING, LlmCallStatus.OK)
     assert [row.seq for row in stored] == [0, 1, 2, 3]  # ascending ids: the publish order
@@ -143,15 +162,17 @@ async def test_a_decision_is_stored_whole_with_its_rows_in_publish_order(
     assert kept.response_text == "reply with a \\u0000 in it"
 
 
-async def test_a_decision_without_tool_calls_sets_no_action(engine: AsyncEngine) -> None:
+async def test_a_decision_without_tool_calls_sets_no_action(
+    engine: AsyncEngine, store: DecisionStore
+) -> None:
     await _started(engine, "evt_2", epoch=3)
-    assert await DecisionStore(engine).store(_decision("evt_2", [])) is True
+    assert await store.store(_decision("evt_2", [])) is True
     assert await _state(engine, "evt_2") == (EventStatus.NO_ACTION, LlmCallStatus.OK, [])
 
 
-async def test_a_stale_tenure_stores_nothing(engine: AsyncEngine) -> None:
+async def test_a_stale_tenure_stores_nothing(engine: AsyncEngine, store: DecisionStore) -> None:
     await _started(engine, "evt_3", epoch=5)  # a later tenure started the event
-    stored = await DecisionStore(engine).store(_decision("evt_3", [_row("evt_3", 0)], epoch=4))
+    stored = await store.store(_decision("evt_3", [_row("evt_3", 0)], epoch=4))
     assert stored is False
     assert await _state(engine, "evt_3") == (
         EventStatus.PROCESSING,
@@ -160,7 +181,9 @@ async def test_a_stale_tenure_stores_nothing(engine: AsyncEngine) -> None:
     )
 
 
-async def test_a_refused_row_stores_nothing_of_the_decision(engine: AsyncEngine) -> None:
+async def test_a_refused_row_stores_nothing_of_the_decision(
+    engine: AsyncEngine, store: DecisionStore
+) -> None:
     await _started(engine, "evt_4", epoch=3)
     await _started(engine, "evt_5", epoch=3)
     async with engine.begin() as connection:
@@ -173,7 +196,7 @@ async def test_a_refused_row_stores_nothing_of_the_decision(engine: AsyncEngine)
         )
     rows = [_row("evt_4", 0), _row("evt_4", 1, dedup="taken")]
     with pytest.raises(IntegrityError):
-        await DecisionStore(engine).store(_decision("evt_4", rows))
+        await store.store(_decision("evt_4", rows))
     assert await _state(engine, "evt_4") == (
         EventStatus.PROCESSING,
         LlmCallStatus.UNKNOWN,

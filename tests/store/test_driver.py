@@ -1,0 +1,151 @@
+"""The worker's per-event statements straight on asyncpg's pool (PostgreSQL only): the same
+rows as through SQLAlchemy, and failures classified as SQLAlchemy's would be (a refused
+value is the event's, a lost or refused connection is the database being unavailable)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from sqlalchemy import exc as sa_errors
+from sqlalchemy import select, text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.faults import data_refused, dependency_unavailable
+from app.store.db import create_engine
+from app.store.driver import DriverPool
+from app.store.models import EventRow
+from app.store.repository import Delivery, start_delivery
+
+PAYLOAD = {"action": "opened", "issue": {"title": "héllo \u2028 \\u0000", "n": 2**40}}
+
+
+@pytest.fixture
+async def engine(url: str) -> AsyncIterator[AsyncEngine]:
+    if not url.startswith("postgresql"):
+        pytest.skip("the driver's pool is PostgreSQL's")
+    made = create_engine(url)
+    yield made
+    await made.dispose()
+
+
+@pytest.fixture
+async def driver(engine: AsyncEngine) -> AsyncIterator[DriverPool]:
+    pool = await DriverPool.open(engine.url, engine.dialect, size=2)
+    yield pool
+    await pool.close()
+
+
+def _fields(event_id: str, **changed: Any) -> dict[str, Any]:
+    return {
+        "id": event_id,
+        "source": "github",
+        "type": "issues.opened",
+        "group_key": "acme/api",
+        "delivery_id": f"d-{event_id}",
+        "pipeline": "triage",
+        "payload": PAYLOAD,
+        "received_at": datetime(2026, 12, 1, 8, 30, tzinfo=UTC),
+    } | changed
+
+
+async def _deliveries(
+    engine: AsyncEngine, target: AsyncEngine | DriverPool, event_id: str
+) -> tuple[list[Delivery], Any]:
+    """First delivery, a second one, one under a later epoch, a retry in place (not
+    counted) and one under an older epoch: what ``start_delivery`` answered, and the row."""
+    steps = [(1, True), (1, True), (4, True), (4, False), (2, True)]
+    answers = []
+    for epoch, count in steps:
+        if isinstance(target, DriverPool):
+            answer = await start_delivery(
+                target, fields=_fields(event_id), epoch=epoch, count=count
+            )
+        else:
+            async with target.begin() as connection:
+                answer = await start_delivery(
+                    connection, fields=_fields(event_id), epoch=epoch, count=count
+                )
+        answers.append(answer)
+    async with engine.connect() as connection:
+        row = (await connection.execute(select(EventRow).where(EventRow.id == event_id))).one()
+    return answers, row
+
+
+async def test_start_delivery_answers_and_stores_the_same_as_through_sqlalchemy(
+    engine: AsyncEngine, driver: DriverPool
+) -> None:
+    by_engine, engine_row = await _deliveries(engine, engine, "evt_engine")
+    by_driver, driver_row = await _deliveries(engine, driver, "evt_driver")
+    assert by_driver == by_engine
+    assert [(d.deliveries, d.fence, d.first) for d in by_driver] == [
+        (1, 1, True),
+        (2, 1, False),
+        (3, 4, False),
+        (3, 4, False),
+        (4, 4, False),
+    ]
+    columns = ("source", "type", "group_key", "pipeline", "status", "payload", "received_at")
+    for column in (*columns, "deliveries", "replays", "fence"):
+        assert getattr(driver_row, column) == getattr(engine_row, column), column
+    assert driver_row.payload == PAYLOAD
+    # The JSON text itself is the same: serialized by the column's type either way.
+    async with engine.connect() as connection:
+        texts = (
+            await connection.execute(
+                text("SELECT payload::text FROM events WHERE id IN ('evt_engine', 'evt_driver')")
+            )
+        ).scalars()
+        assert len(set(texts)) == 1
+
+
+async def test_a_value_the_database_refuses_is_the_events_own_failure(
+    driver: DriverPool,
+) -> None:
+    # events.id is VARCHAR(64): the server refuses the value (SQLSTATE 22001).
+    with pytest.raises(sa_errors.DataError) as refused:
+        await start_delivery(driver, fields=_fields("e" * 65), epoch=1)
+    assert data_refused(refused.value) and not dependency_unavailable(refused.value)
+    assert "eeeeeeeeee" not in str(refused.value)  # the parameters are not in the message
+    # A value asyncpg cannot even encode for the column's type (client side).
+    with pytest.raises(sa_errors.DataError) as unencodable:
+        await start_delivery(driver, fields=_fields("evt_x", received_at="not a time"))
+    assert data_refused(unencodable.value)
+
+
+async def test_terminated_connections_are_the_database_unavailable_then_replaced(
+    engine: AsyncEngine, driver: DriverPool
+) -> None:
+    """Each round terminates the pool's connections (an operator, a failover) and runs the
+    statement again at once: a failure it meets (asyncpg raises several kinds, depending on
+    when the termination arrives) is the database being unavailable, never the event's, and
+    the next statement gets a working connection."""
+    failures: list[BaseException] = []
+    for round_ in range(6):
+        await start_delivery(driver, fields=_fields(f"evt_{round_}_a"), epoch=1)
+        async with engine.connect() as connection:
+            await connection.execute(
+                text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+            )
+        try:
+            await start_delivery(driver, fields=_fields(f"evt_{round_}_b"), epoch=1)
+        except sa_errors.DBAPIError as exc:
+            failures.append(exc)
+        assert (await start_delivery(driver, fields=_fields(f"evt_{round_}_c"), epoch=1)).first
+    assert all(dependency_unavailable(f) and not data_refused(f) for f in failures), failures
+
+
+async def test_an_unreachable_database_is_unavailable(engine: AsyncEngine) -> None:
+    closed = engine.url.set(port=1)
+    pool = await DriverPool.open(closed, engine.dialect, size=1)
+    try:
+        with pytest.raises(OSError, match="1") as failed:
+            await start_delivery(pool, fields=_fields("evt_u"), epoch=1)
+        assert dependency_unavailable(failed.value)
+    finally:
+        await pool.close()
