@@ -1,7 +1,8 @@
 """``make bench``: every benchmark in turn; each prints its figures and appends them to
 docs/benchmarks.md. A benchmark whose service or tool is missing is skipped with the reason.
 
-    python -m bench.run_all [ingest replica_ack pipeline overhead cost_per_event claude_client
+    python -m bench.run_all [ingest replica_ack pipeline overhead cost_per_event statement_cost
+                             claude_client
                              prompt_size chaos capacity shadow relay_scale alert_storm]
 """
 
@@ -20,6 +21,7 @@ BENCHMARKS = [
     "pipeline",
     "overhead",
     "cost_per_event",
+    "statement_cost",
     "claude_client",
     "prompt_size",
     "chaos",
