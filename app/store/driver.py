@@ -27,8 +27,8 @@ from sqlalchemy.engine import URL, Dialect
 from sqlalchemy.sql import ClauseElement, Executable
 from sqlalchemy.sql.compiler import SQLCompiler
 
-# URL query arguments that are SQLAlchemy's own, not the driver's.
-_ENGINE_ONLY = frozenset({"prepared_statement_cache_size", "prepared_statement_name_func"})
+# Connection arguments that are SQLAlchemy's own, not asyncpg's.
+_ENGINE_ONLY = ("async_creator_fn", "prepared_statement_cache_size", "prepared_statement_name_func")
 
 
 class DriverStatement:
@@ -67,21 +67,20 @@ class DriverPool:
 
     @classmethod
     async def open(cls, url: URL, dialect: Dialect, *, size: int) -> DriverPool:
-        """Connections are opened as they are needed (none at start) and closed after five
-        idle minutes, like the engine's."""
-        query = {k: v for k, v in url.query.items() if k not in _ENGINE_ONLY}
+        """The engine's connection arguments (host or hosts, port, database, credentials,
+        the URL's query such as ``ssl``), as its dialect gives them to ``asyncpg.connect``.
+        Connections are opened as they are needed (none at start) and closed after five
+        idle minutes."""
+        args, kwargs = dialect.create_connect_args(url)
+        for engine_only in _ENGINE_ONLY:
+            kwargs.pop(engine_only, None)
         pool = asyncpg.create_pool(
-            host=url.host,
-            port=url.port,
-            user=url.username,
-            password=url.password,
-            database=url.database,
+            *args,
+            **kwargs,
             min_size=0,
             max_size=size,
             max_inactive_connection_lifetime=300,
-            timeout=30,
             reset=_keep_session,
-            **query,
         )
         return cls(await pool, dialect)
 

@@ -140,6 +140,21 @@ async def test_terminated_connections_are_the_database_unavailable_then_replaced
     assert all(dependency_unavailable(f) and not data_refused(f) for f in failures), failures
 
 
+async def test_the_engines_url_arguments_reach_the_driver_and_its_own_stay_behind(
+    engine: AsyncEngine,
+) -> None:
+    """A URL the engine takes (with SQLAlchemy's own ``prepared_statement_cache_size`` and
+    asyncpg's ``command_timeout`` in its query) opens the driver's pool too."""
+    url = engine.url.update_query_dict(
+        {"prepared_statement_cache_size": "50", "command_timeout": "30"}
+    )
+    pool = await DriverPool.open(url, engine.dialect, size=1)
+    try:
+        assert (await start_delivery(pool, fields=_fields("evt_url"), epoch=1)).first
+    finally:
+        await pool.close()
+
+
 async def test_an_unreachable_database_is_unavailable(engine: AsyncEngine) -> None:
     closed = engine.url.set(port=1)
     pool = await DriverPool.open(closed, engine.dialect, size=1)
