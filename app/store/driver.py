@@ -17,6 +17,7 @@ SQLSTATE stays readable), never with the parameters in their text, so callers an
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
@@ -27,6 +28,7 @@ from sqlalchemy.engine import URL, Dialect
 from sqlalchemy.sql import ClauseElement, Executable
 from sqlalchemy.sql.compiler import SQLCompiler
 
+MAX_COMPILED = 256
 # Connection arguments that are SQLAlchemy's own, not asyncpg's.
 _ENGINE_ONLY = ("async_creator_fn", "prepared_statement_cache_size", "prepared_statement_name_func")
 
@@ -39,11 +41,16 @@ class DriverStatement:
         compiled = cast(SQLCompiler, cast(ClauseElement, statement).compile(dialect=dialect))
         self.sql = str(compiled)
         self.names: Sequence[str] = tuple(compiled.positiontup or ())
-        # Values bound in the statement itself (literals such as a status to set).
-        self.defaults = {k: v for k, v in compiled.params.items() if v is not None}
+        binds = [(name, compiled.binds[name]) for name in self.names]
+        if any(bind.expanding or bind.literal_execute for _, bind in binds):
+            # Rendered at execution by SQLAlchemy (an IN list): not a fixed statement.
+            raise ValueError("a statement with expanding parameters cannot run on the driver")
+        # Values bound in the statement itself (literals such as a status to set, None
+        # included); a parameter without one must be given by the caller.
+        self.defaults = {name: bind.effective_value for name, bind in binds if not bind.required}
         processors: dict[str, Callable[[Any], Any]] = {}
-        for name in self.names:
-            processor = compiled.binds[name].type.dialect_impl(dialect).bind_processor(dialect)
+        for name, bind in binds:
+            processor = bind.type.dialect_impl(dialect).bind_processor(dialect)
             if processor is not None:
                 processors[name] = processor
         self.processors = processors
@@ -63,7 +70,9 @@ class DriverPool:
     def __init__(self, pool: asyncpg.Pool, dialect: Dialect) -> None:
         self.pool = pool
         self.dialect = dialect
-        self._compiled: dict[Executable, DriverStatement] = {}
+        # Statements compiled, most recently used last; bounded, as SQLAlchemy's cache is: a
+        # decision's statement differs by its number of outbox rows (up to 100).
+        self._compiled: OrderedDict[Executable, DriverStatement] = OrderedDict()
 
     @classmethod
     async def open(cls, url: URL, dialect: Dialect, *, size: int) -> DriverPool:
@@ -95,10 +104,14 @@ class DriverPool:
 
     def compiled(self, statement: Executable) -> DriverStatement:
         """``statement`` compiled, once per statement object: callers pass statements they
-        built once (module constants, cached builders), so this holds a handful."""
+        built once (module constants, cached builders)."""
         found = self._compiled.get(statement)
         if found is None:
             found = self._compiled[statement] = DriverStatement(statement, self.dialect)
+            if len(self._compiled) > MAX_COMPILED:
+                self._compiled.popitem(last=False)
+        else:
+            self._compiled.move_to_end(statement)
         return found
 
     async def fetchrow(self, core: Executable, params: Mapping[str, Any]) -> asyncpg.Record | None:

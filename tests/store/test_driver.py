@@ -9,15 +9,15 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from sqlalchemy import bindparam, select, text, update
 from sqlalchemy import exc as sa_errors
-from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.faults import data_refused, dependency_unavailable
 from app.store.db import create_engine
-from app.store.driver import DriverPool
+from app.store.driver import MAX_COMPILED, DriverPool, DriverStatement
 from app.store.models import EventRow
-from app.store.repository import Delivery, start_delivery
+from app.store.repository import EVENTS, Delivery, start_delivery
 
 PAYLOAD = {"action": "opened", "issue": {"title": "héllo \u2028 \\u0000", "n": 2**40}}
 
@@ -164,3 +164,35 @@ async def test_an_unreachable_database_is_unavailable(engine: AsyncEngine) -> No
         assert dependency_unavailable(failed.value)
     finally:
         await pool.close()
+
+
+def test_a_statement_is_compiled_with_its_own_values_and_without_an_in_list(
+    engine: AsyncEngine,
+) -> None:
+    """A value bound in the statement itself, None included, is sent as bound; a parameter
+    without one must be given; an IN list (rendered by SQLAlchemy at execution) is refused
+    at compile time rather than sent as a placeholder PostgreSQL cannot read."""
+    statement = DriverStatement(
+        update(EVENTS)
+        .where(EVENTS.c.id == bindparam("event_id"))
+        .values(error=None, status="queued"),
+        engine.dialect,
+    )
+    arguments = dict(zip(statement.names, statement.arguments({"event_id": "evt_1"}), strict=True))
+    assert arguments == {"error": None, "status": "queued", "event_id": "evt_1"}
+    with pytest.raises(KeyError):
+        statement.arguments({})
+    with pytest.raises(ValueError, match="expanding"):
+        DriverStatement(select(EVENTS.c.id).where(EVENTS.c.id.in_(["a", "b"])), engine.dialect)
+
+
+async def test_the_compiled_statements_are_bounded(driver: DriverPool) -> None:
+    """A decision's statement is built per number of outbox rows (up to 100, rebuilt when
+    its builder's cache lets it go): the driver keeps the most recently used ones only."""
+    first = select(EVENTS.c.id).where(EVENTS.c.fence == -1)
+    kept = driver.compiled(first)
+    assert driver.compiled(first) is kept
+    others = [select(EVENTS.c.id).where(EVENTS.c.fence == n) for n in range(MAX_COMPILED)]
+    recent = [driver.compiled(statement) for statement in others]
+    assert driver.compiled(first) is not kept  # the least recently used one went
+    assert driver.compiled(others[-1]) is recent[-1]
