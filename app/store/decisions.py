@@ -144,7 +144,7 @@ def _parameters(decision: Decision) -> dict[str, Any]:
     return params
 
 
-@lru_cache(maxsize=64)
+@lru_cache(maxsize=128)  # every row count a pipeline allows (max_tool_calls ≤ 100)
 def _statement(rows: int) -> Executable:
     """The one-statement write for a decision with ``rows`` outbox rows, built once per row
     count (a statement built per call would make SQLAlchemy derive its cache key each time)."""

@@ -42,9 +42,16 @@ class DriverStatement:
         self.sql = str(compiled)
         self.names: Sequence[str] = tuple(compiled.positiontup or ())
         binds = [(name, compiled.binds[name]) for name in self.names]
+        # What SQLAlchemy works out per execution is refused: an IN list (rendered then),
+        # a parameter's callable, a column default computed in Python (insert_prefetch).
         if any(bind.expanding or bind.literal_execute for _, bind in binds):
-            # Rendered at execution by SQLAlchemy (an IN list): not a fixed statement.
             raise ValueError("a statement with expanding parameters cannot run on the driver")
+        if any(bind.callable is not None for _, bind in binds):
+            raise ValueError("a statement with callable parameters cannot run on the driver")
+        if compiled.insert_prefetch or compiled.update_prefetch:
+            raise ValueError(
+                "a statement with Python-side column defaults cannot run on the driver"
+            )
         # Values bound in the statement itself (literals such as a status to set, None
         # included); a parameter without one must be given by the caller.
         self.defaults = {name: bind.effective_value for name, bind in binds if not bind.required}
@@ -67,19 +74,24 @@ class DriverStatement:
 class DriverPool:
     """An asyncpg pool on the engine's database, running Core statements compiled once."""
 
-    def __init__(self, pool: asyncpg.Pool, dialect: Dialect) -> None:
+    def __init__(self, pool: asyncpg.Pool, dialect: Dialect, *, acquire_timeout: float) -> None:
         self.pool = pool
         self.dialect = dialect
+        self.acquire_timeout = acquire_timeout
         # Statements compiled, most recently used last; bounded, as SQLAlchemy's cache is: a
         # decision's statement differs by its number of outbox rows (up to 100).
         self._compiled: OrderedDict[Executable, DriverStatement] = OrderedDict()
 
     @classmethod
-    async def open(cls, url: URL, dialect: Dialect, *, size: int) -> DriverPool:
+    async def open(
+        cls, url: URL, dialect: Dialect, *, size: int, acquire_timeout: float = 30.0
+    ) -> DriverPool:
         """The engine's connection arguments (host or hosts, port, database, credentials,
         the URL's query such as ``ssl``), as its dialect gives them to ``asyncpg.connect``.
         Connections are opened as they are needed (none at start) and closed after five
-        idle minutes."""
+        idle minutes. A statement that finds every connection busy for ``acquire_timeout``
+        seconds fails with ``TimeoutError``, as the engine's pool does after 30 s (the worker
+        retries the event in place: the database is unavailable, not the event at fault)."""
         args, kwargs = dialect.create_connect_args(url)
         for engine_only in _ENGINE_ONLY:
             kwargs.pop(engine_only, None)
@@ -91,7 +103,7 @@ class DriverPool:
             max_inactive_connection_lifetime=300,
             reset=_keep_session,
         )
-        return cls(await pool, dialect)
+        return cls(await pool, dialect, acquire_timeout=acquire_timeout)
 
     async def close(self) -> None:
         """Waits for each connection's goodbye, which a database behind a silent network
@@ -118,7 +130,7 @@ class DriverPool:
         statement = self.compiled(core)
         arguments = statement.arguments(params)
         try:
-            async with self.pool.acquire() as connection:
+            async with self.pool.acquire(timeout=self.acquire_timeout) as connection:
                 try:
                     return await connection.fetchrow(statement.sql, *arguments)
                 except Exception as exc:
@@ -130,12 +142,12 @@ class DriverPool:
                     raise sa_errors.OperationalError(
                         statement.sql,
                         None,
-                        exc,
+                        DriverError(exc),
                         hide_parameters=True,
                         connection_invalidated=True,
-                    ) from exc
+                    ) from None
         except (asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-            raise translated(exc, statement.sql) from exc
+            raise translated(exc, statement.sql) from None
 
 
 async def _keep_session(connection: asyncpg.Connection) -> None:
@@ -144,8 +156,21 @@ async def _keep_session(connection: asyncpg.Connection) -> None:
     no advisory lock and open no cursor. asyncpg still rolls back a transaction left open."""
 
 
+class DriverError(Exception):
+    """asyncpg's error as its message and SQLSTATE only: its text also holds the server's
+    DETAIL, which quotes the refused row's values ("Failing row contains (...)", the
+    event's payload among them), and error texts reach logs and dead letters. SQLAlchemy's
+    dialect keeps the message alone too."""
+
+    def __init__(self, exc: BaseException) -> None:
+        message = str(exc.args[0]) if exc.args else ""
+        super().__init__(f"{type(exc).__name__}: {message}")
+        self.sqlstate: str | None = getattr(exc, "sqlstate", None)
+
+
 def translated(exc: Exception, sql: str) -> sa_errors.DBAPIError:
-    """asyncpg's error as the SQLAlchemy error its dialect would raise (without parameters)."""
+    """asyncpg's error as the SQLAlchemy error its dialect would raise, without the
+    parameters, the row or asyncpg's exception itself (raise it ``from None``)."""
     kind: type[sa_errors.DBAPIError]
     sqlstate = getattr(exc, "sqlstate", None) or ""
     if isinstance(exc, asyncpg.IntegrityConstraintViolationError):
@@ -159,4 +184,4 @@ def translated(exc: Exception, sql: str) -> sa_errors.DBAPIError:
         kind = sa_errors.InterfaceError
     else:
         kind = sa_errors.DBAPIError
-    return kind(sql, None, exc, hide_parameters=True)
+    return kind(sql, None, DriverError(exc), hide_parameters=True)

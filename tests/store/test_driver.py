@@ -4,12 +4,14 @@ value is the event's, a lost or refused connection is the database being unavail
 
 from __future__ import annotations
 
+import itertools
+import traceback
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from sqlalchemy import bindparam, select, text, update
+from sqlalchemy import bindparam, insert, select, text, update
 from sqlalchemy import exc as sa_errors
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -17,7 +19,7 @@ from app.faults import data_refused, dependency_unavailable
 from app.store.db import create_engine
 from app.store.driver import MAX_COMPILED, DriverPool, DriverStatement
 from app.store.models import EventRow
-from app.store.repository import EVENTS, Delivery, start_delivery
+from app.store.repository import EVENTS, LLM_CALLS, Delivery, start_delivery
 
 PAYLOAD = {"action": "opened", "issue": {"title": "héllo \u2028 \\u0000", "n": 2**40}}
 
@@ -184,6 +186,15 @@ def test_a_statement_is_compiled_with_its_own_values_and_without_an_in_list(
         statement.arguments({})
     with pytest.raises(ValueError, match="expanding"):
         DriverStatement(select(EVENTS.c.id).where(EVENTS.c.id.in_(["a", "b"])), engine.dialect)
+    # What SQLAlchemy computes per execution: a parameter's callable, a column's default.
+    counter = itertools.count()
+    with pytest.raises(ValueError, match="callable"):
+        DriverStatement(select(bindparam("n", callable_=lambda: next(counter))), engine.dialect)
+    with pytest.raises(ValueError, match="column defaults"):
+        DriverStatement(
+            insert(LLM_CALLS).values(id=bindparam("call_id"), event_id="e", pipeline="p"),
+            engine.dialect,
+        )
 
 
 async def test_the_compiled_statements_are_bounded(driver: DriverPool) -> None:
@@ -196,3 +207,39 @@ async def test_the_compiled_statements_are_bounded(driver: DriverPool) -> None:
     recent = [driver.compiled(statement) for statement in others]
     assert driver.compiled(first) is not kept  # the least recently used one went
     assert driver.compiled(others[-1]) is recent[-1]
+
+
+async def test_a_refused_row_is_not_quoted_in_the_error(
+    engine: AsyncEngine, driver: DriverPool
+) -> None:
+    """asyncpg's error text holds the server's DETAIL, which for a NOT NULL or CHECK
+    violation quotes the whole row ("Failing row contains (...)", the payload among its
+    values); error texts reach the ``event_gave_up`` log line and the dead letter's reason.
+    As through SQLAlchemy, only the message is kept, and asyncpg's exception is not chained
+    (a logged traceback would print it)."""
+    fields = _fields("evt_secret", delivery_id=None, payload={"token": "s3cret-token-value"})
+    async with engine.connect() as connection:
+        with pytest.raises(sa_errors.IntegrityError) as through_engine:
+            await start_delivery(connection, fields=fields, epoch=1)
+    assert "s3cret" not in str(through_engine.value)
+    with pytest.raises(sa_errors.IntegrityError) as on_driver:
+        await start_delivery(driver, fields=fields, epoch=1)
+    refused = on_driver.value
+    assert "s3cret" not in str(refused) and "not-null" in str(refused)
+    assert refused.__cause__ is None and refused.__suppress_context__
+    assert getattr(refused.orig, "sqlstate", None) == "23502"
+    assert "s3cret" not in "".join(traceback.format_exception(refused))
+
+
+async def test_every_connection_busy_is_the_database_unavailable(engine: AsyncEngine) -> None:
+    """A statement that waits longer than the acquire timeout for a connection fails as
+    the database being unavailable (retried in place), as the engine's pool does."""
+    pool = await DriverPool.open(engine.url, engine.dialect, size=1, acquire_timeout=0.2)
+    try:
+        async with pool.pool.acquire():  # the only connection, held
+            with pytest.raises(TimeoutError) as waited:
+                await start_delivery(pool, fields=_fields("evt_busy"), epoch=1)
+        assert dependency_unavailable(waited.value)
+        assert (await start_delivery(pool, fields=_fields("evt_busy"), epoch=1)).first
+    finally:
+        await pool.close()
