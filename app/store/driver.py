@@ -9,10 +9,12 @@ these two for every event, so they go this way; everything else keeps SQLAlchemy
 What does not change: the SQL (each ``DriverStatement`` is compiled once from the same Core
 statement, for the engine's dialect), its parameters (each passes through its type's bind
 processor, as SQLAlchemy would: JSON is serialized the same way), the database and its
-credentials (the engine's URL). Errors are raised as SQLAlchemy's (``IntegrityError``,
-``DataError``, ``OperationalError``, ``DBAPIError`` with asyncpg's error as ``orig``, so its
-SQLSTATE stays readable), never with the parameters in their text, so callers and
-``faults.py`` classify them as before.
+credentials (the engine's connection arguments). Errors are raised as SQLAlchemy's
+(``IntegrityError``, ``DataError``, ``OperationalError``, ``InterfaceError``,
+``DBAPIError``; ``orig`` a ``DriverError`` with asyncpg's message and SQLSTATE), never with
+the parameters or the refused row in their text, so callers and ``faults.py`` classify them
+as before. A statement whose parameters SQLAlchemy works out per execution (IN lists,
+callables, Python-side column defaults) is refused when it is compiled.
 """
 
 from __future__ import annotations
