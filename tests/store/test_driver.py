@@ -4,6 +4,7 @@ value is the event's, a lost or refused connection is the database being unavail
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import traceback
 from collections.abc import AsyncIterator
@@ -241,5 +242,19 @@ async def test_every_connection_busy_is_the_database_unavailable(engine: AsyncEn
                 await start_delivery(pool, fields=_fields("evt_busy"), epoch=1)
         assert dependency_unavailable(waited.value)
         assert (await start_delivery(pool, fields=_fields("evt_busy"), epoch=1)).first
+    finally:
+        await pool.close()
+
+
+async def test_the_pool_opens_no_more_connections_than_its_size(engine: AsyncEngine) -> None:
+    """docs/reference.md: a worker's driver pool holds up to EVENTGATE_DATABASE_POOL_SIZE
+    connections, whatever the number of events in flight (they wait for one)."""
+    pool = await DriverPool.open(engine.url, engine.dialect, size=2)
+    try:
+        answers = await asyncio.gather(
+            *(start_delivery(pool, fields=_fields(f"evt_many_{n}"), epoch=1) for n in range(16))
+        )
+        assert all(answer.first for answer in answers)
+        assert pool.pool.get_size() <= 2
     finally:
         await pool.close()
