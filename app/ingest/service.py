@@ -237,7 +237,9 @@ class IngestService:
         status = "queued" if result.created else "duplicate"
         if not result.created:
             DEDUP_HITS.labels(layer="delivery").inc()
-        log.info("webhook_" + status, event_id=result.event_id, **fields)
+        # Debug, not info: a line per accepted delivery cost about a fifth of ingest's CPU
+        # (docs/benchmarks.md); the sender has the event id, and the metrics count them.
+        log.debug("webhook_" + status, event_id=result.event_id, **fields)
         if result.created and source.config.collapse is not None:
             await self._track(source, firing, resolved, result.event_id)
         return EventOutcome(result.event_id, status)

@@ -20,6 +20,7 @@ from redis import Redis
 from sqlalchemy import select
 
 from app.config import parse_config
+from app.ingest import service as ingest_service
 from app.main import create_app
 from app.queue.streams import unpack_entry
 from app.settings import Settings
@@ -106,8 +107,14 @@ def test_no_secret_leaves_the_gateway(
     fake_claude: FakeAnthropicServer,
     database_url: str,
     capfd: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    event_id, event, calls, request = _run(make_settings, fake_claude, llm_audit_text=audit_text)
+    # At debug: every line the gateway can write about this webhook is read for secrets (a
+    # new ingest logger: one keeps the level of its first use, maybe earlier in this process).
+    monkeypatch.setattr(ingest_service, "log", structlog.get_logger(ingest_service.__name__))
+    event_id, event, calls, request = _run(
+        make_settings, fake_claude, llm_audit_text=audit_text, log_level="debug"
+    )
     stored = asyncio.run(_stored_payload(database_url, event_id))
     logs = capfd.readouterr()
     assert calls["total"] == 1
