@@ -1,7 +1,11 @@
-"""Queued events are deflated on the stream when that is smaller, and read back as they were,
-whoever wrote them (this gateway, an older one that wrote them plain, an operator replay)."""
+"""Queued events of a KiB or more are deflated on the stream when that is smaller, smaller
+ones stay plain, and all are read back as they were, whoever wrote them (this gateway, an
+older one that wrote them plain or deflated them all, an operator replay)."""
 
 from __future__ import annotations
+
+import os
+import zlib
 
 import orjson
 import pytest
@@ -10,10 +14,11 @@ from redis.asyncio import Redis
 from app.events import Event
 from app.queue.batching import EnqueueBatcher
 from app.queue.requeue import requeue_event
-from app.queue.streams import EventQueue, NewEntry, pack_entry, unpack_entry
+from app.queue.streams import DEFLATE_FROM_BYTES, EventQueue, NewEntry, pack_entry, unpack_entry
 from tests.support import issue_payload
 
 CONSUMER = "test-consumer"
+LONG_BODY = "The deploy of api failed on step 3 of 7; the logs follow. " * 20
 
 
 @pytest.fixture
@@ -23,7 +28,10 @@ async def queue(redis: Redis, redis_prefix: str) -> EventQueue:
     return queue
 
 
-def _event(n: int) -> Event:
+def _event(n: int, *, body: str = "") -> Event:
+    """A GitHub issue event; ``body`` as the issue's text (real deliveries run to KiBs)."""
+    payload = issue_payload("acme/api", n)
+    payload["issue"]["body"] = body
     return Event.model_validate(
         {
             "id": f"evt_{n}",
@@ -33,7 +41,7 @@ def _event(n: int) -> Event:
             "delivery_id": f"d-{n}",
             "pipeline": "default",
             "received_at": "2026-12-02T10:00:00Z",
-            "payload": issue_payload("acme/api", n),
+            "payload": payload,
         }
     )
 
@@ -63,7 +71,8 @@ async def _raw(queue: EventQueue) -> list[bytes]:
 async def test_a_github_event_is_stored_deflated_and_read_back_unchanged(
     queue: EventQueue,
 ) -> None:
-    first, second = _event(1), _event(2)
+    first, second = _event(1, body=LONG_BODY), _event(2, body=LONG_BODY)
+    assert len(first.to_bytes()) >= DEFLATE_FROM_BYTES
     await queue.enqueue(_new(first))
     await EnqueueBatcher(queue).enqueue(_new(second))
     raw = await _raw(queue)
@@ -73,12 +82,33 @@ async def test_a_github_event_is_stored_deflated_and_read_back_unchanged(
 
 
 @pytest.mark.cluster_too
+async def test_a_small_event_is_stored_plain_and_read_back_unchanged(queue: EventQueue) -> None:
+    """Under a KiB, deflate costs more CPU than the bytes it saves are worth."""
+    small = _event(6)
+    assert len(small.to_bytes()) < DEFLATE_FROM_BYTES
+    assert len(zlib.compress(small.to_bytes(), 1)) < len(small.to_bytes())  # would deflate
+    await EnqueueBatcher(queue).enqueue(_new(small))
+    assert await _raw(queue) == [small.to_bytes()]
+    entries = await queue.read_new(consumer=CONSUMER, partitions=[0], count=10, block_ms=0)
+    assert [Event.from_bytes(entry.data) for entry in entries] == [small]
+
+
+@pytest.mark.cluster_too
 async def test_entries_written_plain_are_read_as_they_are(queue: EventQueue) -> None:
-    """An older gateway's entries, and tiny ones that deflate would only make longer."""
-    event = _event(3)
+    """An older gateway's entries (large ones too), and ones deflate would only make longer."""
+    event = _event(3, body=LONG_BODY)
     await queue.redis.xadd(queue.stream_key(0), {"e": event.to_bytes()})
-    tiny = orjson.dumps({"id": "evt_t"})
-    assert pack_entry(tiny) == tiny
+    noise = os.urandom(2 * DEFLATE_FROM_BYTES)
+    assert pack_entry(noise) == noise  # deflate would make it longer
+    entries = await queue.read_new(consumer=CONSUMER, partitions=[0], count=10, block_ms=0)
+    assert Event.from_bytes(entries[0].data) == event
+
+
+@pytest.mark.cluster_too
+async def test_small_entries_an_older_gateway_deflated_still_unpack(queue: EventQueue) -> None:
+    """Before the threshold every event that deflate made smaller was deflated."""
+    event = _event(7)
+    await queue.redis.xadd(queue.stream_key(0), {"e": zlib.compress(event.to_bytes(), 1)})
     entries = await queue.read_new(consumer=CONSUMER, partitions=[0], count=10, block_ms=0)
     assert Event.from_bytes(entries[0].data) == event
 
@@ -87,7 +117,7 @@ async def test_entries_written_plain_are_read_as_they_are(queue: EventQueue) -> 
 async def test_an_operator_replay_is_deflated_too_and_pending_entries_unpack(
     queue: EventQueue,
 ) -> None:
-    event = _event(4)
+    event = _event(4, body=LONG_BODY)
     await requeue_event(queue, event)
     assert len((await _raw(queue))[0]) < len(event.to_bytes())
     await queue.read_new(consumer=CONSUMER, partitions=[0], count=10, block_ms=0)
@@ -96,7 +126,7 @@ async def test_an_operator_replay_is_deflated_too_and_pending_entries_unpack(
 
 
 def test_a_damaged_deflated_entry_comes_back_raw_so_it_fails_as_poison() -> None:
-    damaged = pack_entry(_event(5).to_bytes())[:-8]
+    damaged = pack_entry(_event(5, body=LONG_BODY).to_bytes())[:-8]
     assert unpack_entry(damaged) == damaged
     with pytest.raises(orjson.JSONDecodeError):
         Event.from_bytes(unpack_entry(damaged))
