@@ -71,12 +71,13 @@ return out
 BY_DELIVERY, CREATED, BY_REPLAY = 0, 1, 2
 
 # A queued event of DEFLATE_FROM_BYTES or more is kept deflated when that makes it smaller:
-# a backlog is mostly payload JSON, and a GitHub delivery of a few KiB deflates to a quarter
-# or less at the fastest level. A smaller event stays plain: deflate took about 16 µs of
-# ingest's CPU under load for a 691-byte event (a tenth of a request) to save some 300
-# bytes, less than the event's keys and stream entry hold anyway (docs/benchmarks.md).
-# An event is a JSON object, so its first byte is "{", never the "x" a zlib stream starts
-# with; an entry written plain (small, before this, or by an operator) reads as it is.
+# a backlog is mostly payload JSON, and the fixtures' GitHub deliveries (7-26 KB) deflate to
+# 15-24% of their size at the fastest level. A smaller event stays plain: deflate took about
+# 16 µs of ingest's CPU under load for a 691-byte event (a tenth of a request) to save some
+# 300 bytes, less than its keys and stream entry take anyway (a backlog of such events took
+# 1.2 KiB of Redis memory each; docs/benchmarks.md). An event is a JSON object, so its first
+# byte is "{", never the "x" a zlib stream starts with; an entry written plain (small,
+# before this, or by an operator) reads as it is.
 DEFLATE_FROM_BYTES = 1024
 _DEFLATED = b"x"
 
