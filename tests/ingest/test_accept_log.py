@@ -1,9 +1,10 @@
 """The line per accepted delivery: written at debug only (at info it cost about a fifth of
-ingest's CPU); refusals and filtered deliveries are logged at info as before."""
+ingest's CPU); refusals, filtered and collapsed deliveries are logged at info as before."""
 
 from __future__ import annotations
 
 import httpx
+import orjson
 import pytest
 import structlog
 
@@ -11,6 +12,7 @@ from app.config import parse_config
 from app.ingest import service
 from app.main import create_app
 from app.settings import Settings
+from tests.sources_support import payload as fixture
 from tests.support import ServerThread, github_request, issue_payload
 
 SECRET = "accept-log-secret"
@@ -21,6 +23,11 @@ sources:
     secret: {SECRET}
     pipeline: triage
     filters: {{drop: [{{path: action, equals: closed}}]}}
+  alerts:
+    type: alertmanager
+    token: accept-log-token
+    pipeline: triage
+    collapse: {{window_seconds: 3600}}
 pipelines:
   triage: {{model: claude-sonnet-4-5, system: Triage., tools: [publishAlert]}}
 tools:
@@ -41,6 +48,10 @@ def _deliver(settings: Settings) -> list[int]:
             statuses.append(client.post("/v1/webhooks/github", content=body, headers=headers))
         bad_body, bad_headers = github_request("not-the-secret", opened, delivery="d-3")
         statuses.append(client.post("/v1/webhooks/github", content=bad_body, headers=bad_headers))
+        auth = {"Authorization": "Bearer accept-log-token", "Content-Type": "application/json"}
+        alert = orjson.dumps(fixture("alertmanager_v4.json"))
+        for _ in range(2):  # queued, then a repeat of the same firing alerts: collapsed
+            statuses.append(client.post("/v1/webhooks/alerts", content=alert, headers=auth))
     structlog.reset_defaults()  # the gateway logged onto this test's captured stderr
     return [reply.status_code for reply in statuses]
 
@@ -64,9 +75,10 @@ def test_an_accepted_delivery_is_logged_at_debug_only(
         log_level=level,
         log_format="json",
     )
-    assert _deliver(settings) == [202, 200, 200, 401]
+    assert _deliver(settings) == [202, 200, 200, 401, 202, 200]
     err = capfd.readouterr().err
     accepted = ('"event":"webhook_queued"', '"event":"webhook_duplicate"')
     assert all((line in err) == (level == "debug") for line in accepted), err
     assert '"event":"webhook_filtered"' in err  # a dropped delivery still leaves a trace
+    assert '"event":"webhook_collapsed"' in err
     assert '"event":"webhook_rejected"' in err
