@@ -86,7 +86,9 @@ async def test_connections_cut_again_and_again_count_nothing_against_the_events(
 
     flapping = asyncio.create_task(flap())
     try:
-        while cuts < 10:  # rounds of 40 at once, until cuts have landed among them
+        # Rounds of 40 at once, until cuts have landed among them (a cutter that died is
+        # re-raised below, not waited for).
+        while cuts < 10 and not flapping.done():
             wave = [make_event(len(events) + n, group=f"acme/repo{n}") for n in range(EVENTS)]
             events.extend(wave)
             counted.extend(await asyncio.gather(*(deliver(event) for event in wave)))
