@@ -135,6 +135,7 @@ def test_readyz_says_503_while_a_master_is_down_and_webhooks_get_503_never_500(
     app = create_app(settings, load_config(None, env={}), role="api")
     with ServerThread(app) as server:
         assert httpx.get(f"{server.url}/readyz", timeout=10).status_code == 200
+        retries = app.state.running.shared.queue.redis.retry.get_retries()
         own_cluster.kill(1)  # not the node the gateway was pointed at
         killed = time.monotonic()
         while (ready := httpx.get(f"{server.url}/readyz", timeout=10)).status_code != 503:
@@ -159,7 +160,12 @@ def test_readyz_says_503_while_a_master_is_down_and_webhooks_get_503_never_500(
     assert refused, "no webhook of a partition on the dead master was refused"
     assert all(r.json()["error"] == "QueueUnavailable" for r in refused)
     assert all("retry-after" in r.headers for r in refused)
-    assert max(took) < 3, took  # the cluster client's retries are bounded
+    # The cluster client's retries are bounded: three (redis-py's default of ten held these
+    # answers 4.2-6.7 s here), and each refusal took 0.7-3.2 s, so the count is what is
+    # checked; the time only has to stay under the 10 s socket timeout (no hang on the dead
+    # master).
+    assert retries == 3
+    assert max(took) < 10, took
 
 
 def _stream_lengths(cluster: LocalCluster, prefix: str) -> list[int]:
