@@ -1,7 +1,8 @@
-"""Claude client: CPU per call of the anthropic SDK over its default transport (httpx2) and
-over its aiohttp transport (``DefaultAioHttpClient``, what the gateway uses), C calls in
-flight against the fake Messages API running as its own process. Alternating runs, best of
-``--repeat`` per transport, so both see the same machine.
+"""Claude client: CPU per call of the anthropic SDK over its default transport (httpx2), over
+its aiohttp transport (``DefaultAioHttpClient``), and over that with the SDK's OpenTelemetry
+spans off (``open_telemetry=False``: what the gateway builds), C calls in flight against the
+fake Messages API running as its own process. Alternating runs, best of ``--repeat`` per
+client, so all see the same machine.
 
     python -m bench.claude_client [--calls 1000] [--concurrency 64] [--latency 0.2]
 """
@@ -30,6 +31,9 @@ REQUEST: dict[str, Any] = {
 }
 
 
+GATEWAY = "aiohttp, spans off"
+
+
 def _prompt(number: int) -> Any:  # the SDK wants its own TypedDicts
     return [{"role": "user", "content": f"event {number} " + "x" * 1500}]
 
@@ -54,10 +58,13 @@ async def _in_flight(
 async def timed_calls(
     transport: str, url: str, calls: int, concurrency: int
 ) -> tuple[float, float]:
-    """``_in_flight`` for the anthropic SDK over ``transport`` (httpx2 or aiohttp)."""
+    """``_in_flight`` for the anthropic SDK over ``transport`` (httpx2, aiohttp, or
+    aiohttp with the SDK's spans off: ``GATEWAY``)."""
     extra: dict[str, Any] = {}
-    if transport == "aiohttp":
+    if transport in ("aiohttp", GATEWAY):
         extra["http_client"] = DefaultAioHttpClient()
+    if transport == GATEWAY:
+        extra["open_telemetry"] = False
     client = AsyncAnthropic(base_url=url, api_key="sk-bench-not-real", max_retries=0, **extra)
 
     async def one(number: int) -> None:
@@ -98,7 +105,7 @@ def main() -> None:
     best: dict[str, tuple[float, float]] = {}
     with Server(argv, env=dict(os.environ), port=port, ready_path="/_fake/stats") as fake:
         for _ in range(args.repeat):
-            for transport in ("httpx2", "aiohttp"):
+            for transport in ("httpx2", "aiohttp", GATEWAY):
                 cpu, wall = uvloop.run(
                     timed_calls(transport, fake.url, args.calls, args.concurrency)
                 )
@@ -107,7 +114,7 @@ def main() -> None:
     ideal = args.calls / args.concurrency * args.latency
     rows = [
         [
-            f"SDK over {name}" + (" (gateway)" if name == "aiohttp" else ""),
+            f"SDK over {name}" + (" (gateway)" if name == GATEWAY else ""),
             f"{cpu:.2f}",
             f"{wall:.2f}",
             f"{ideal / wall:.2f}",
@@ -115,6 +122,7 @@ def main() -> None:
         for name, (cpu, wall) in best.items()
     ]
     ratio = best["aiohttp"][0] / best["httpx2"][0]
+    spans = best[GATEWAY][0] / best["aiohttp"][0]
     lines = [
         f"{args.calls} `messages.create` calls (tool use, ≈1.6 KB prompt), {args.concurrency} in "
         f"flight, fake Claude as a process with latency {args.latency} s; uvloop; best of "
@@ -122,7 +130,8 @@ def main() -> None:
         "",
         *table(["client", "CPU ms/call", "wall s", "ideal / wall"], rows),
         "",
-        f"aiohttp / httpx2 CPU per call: **{ratio:.2f}**",
+        f"aiohttp / httpx2 CPU per call: **{ratio:.2f}**; spans off / on over aiohttp: "
+        f"**{spans:.2f}**",
     ]
     report(
         "Claude client: anthropic SDK CPU per call by transport",

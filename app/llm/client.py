@@ -105,13 +105,18 @@ class ClaudeClient:
             max_retries=0,
             timeout=timeout,
             http_client=DefaultAioHttpClient(timeout=timeout),
+            # The gateway exports no traces; the SDK's call spans would go to no tracer
+            # after building their attributes on every call.
+            open_telemetry=False,
         )
         return cls(client)
 
     @classmethod
     def bedrock(cls, *, region: str, timeout: float) -> ClaudeClient:
         """Claude on Amazon Bedrock; credentials come from the usual AWS chain."""
-        client = AsyncAnthropicBedrock(aws_region=region, max_retries=0, timeout=timeout)
+        client = AsyncAnthropicBedrock(
+            aws_region=region, max_retries=0, timeout=timeout, open_telemetry=False
+        )
         return cls(client, provider="bedrock")
 
     async def close(self) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Protocol
+from urllib.parse import urlencode
 
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -112,6 +113,8 @@ class SnsPublisher:
 
     def __init__(self, client: Any) -> None:
         self.client = client
+        # Before the signer, which botocore registers on the same event.
+        client.meta.events.register_first("request-created.sns", encode_form_once)
 
     async def publish_batch(
         self, messages: list[OutgoingMessage]
@@ -160,6 +163,21 @@ class SnsPublisher:
     async def check(self, topic_arn: str) -> None:
         """Raises unless the topic exists and is reachable (for /readyz)."""
         await self.client.get_topic_attributes(TopicArn=topic_arn)
+
+
+def encode_form_once(request: Any, **_: Any) -> None:
+    """SNS speaks AWS's query protocol: the request body is a form, which botocore keeps as
+    a dict and url-encodes each time it prepares the request, once to sign it and once to
+    send it. A PublishBatch of ten messages is some 16 KB of form and the encoding about
+    half a millisecond of CPU, so it is done here once, as botocore's preparer does it
+    (each name and value in UTF-8, ``urlencode(..., doseq=True)``), and both use the bytes."""
+    if isinstance(request.data, dict):
+        fields = [(_utf8(name), _utf8(value)) for name, value in request.data.items()]
+        request.data = urlencode(fields, doseq=True).encode("ascii")
+
+
+def _utf8(value: Any) -> Any:
+    return value.encode("utf-8") if isinstance(value, str) else value
 
 
 def _client_error(exc: ClientError) -> PublishError:

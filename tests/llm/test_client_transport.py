@@ -6,7 +6,10 @@ as over the SDK's default transport."""
 from __future__ import annotations
 
 import socket
+from typing import Any
 
+import anthropic._base_client
+import anthropic._tracing
 import pytest
 
 from app.llm.client import ClaudeClient, ClaudeError, ClaudeRequest
@@ -116,3 +119,25 @@ async def test_blocks_are_kept_as_sent_less_their_null_fields(
         {"type": "text", "text": "looking"},
         {"type": "tool_use", "id": "toolu_1", "name": "publishAlert", "input": {"note": None}},
     ]
+
+
+async def test_a_call_builds_no_trace_span(
+    fake_claude: FakeAnthropicServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gateway exports no traces: the SDK's span of each call (its attributes built
+    from the request on every call) is turned off."""
+    started: list[object] = []
+    real = anthropic._tracing.start_api_call_span
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        started.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(anthropic._base_client, "start_api_call_span", counting)
+    client = _client()
+    try:
+        reply = await client.create(REQUEST)
+    finally:
+        await client.close()
+    assert reply.stop_reason == "tool_use"
+    assert started == []

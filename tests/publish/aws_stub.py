@@ -25,18 +25,21 @@ _BATCH = (
 
 
 class AwsStub:
-    """``url`` answers each request with ``status`` and ``body``; ``requests`` counts them."""
+    """``url`` answers each request with ``status`` and ``body``; ``requests`` counts them and
+    ``received`` keeps each one's headers and body as they arrived."""
 
     def __init__(self) -> None:
         self.port = free_port()
         self.status = 500
         self.body = _ERROR.format(code="InternalError", message="not set up")
         self.requests = 0
+        self.received: list[tuple[dict[str, str], bytes]] = []
         stub = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
-                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                stub.received.append((dict(self.headers.items()), body))
                 stub.requests += 1
                 payload = stub.body.encode()
                 self.send_response(stub.status)
