@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+import orjson
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
@@ -13,10 +15,23 @@ from sqlalchemy.ext.asyncio import (
 )
 
 
+def dump_json(value: Any) -> str:
+    """A JSON column's value as text: orjson, about a tenth of the standard library's CPU
+    for an event's payload or a prompt (three per decided event), and the standard library
+    for what orjson refuses (an integer beyond 64 bits, a key that is not a string): the
+    same values, without the spaces."""
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError:
+        return json.dumps(value)
+
+
 def create_engine(url: str, *, pool_size: int = 20) -> AsyncEngine:
     """SQL errors never carry their bound parameters (event payloads) into a log line."""
     if url.startswith("sqlite"):
-        engine = create_async_engine(url, connect_args={"timeout": 30}, hide_parameters=True)
+        engine = create_async_engine(
+            url, connect_args={"timeout": 30}, hide_parameters=True, json_serializer=dump_json
+        )
 
         @event.listens_for(engine.sync_engine, "connect")
         def _pragmas(conn: Any, _: Any) -> None:
@@ -42,6 +57,7 @@ def create_engine(url: str, *, pool_size: int = 20) -> AsyncEngine:
         max_overflow=0,
         pool_recycle=300,
         hide_parameters=True,
+        json_serializer=dump_json,
     )
 
 
