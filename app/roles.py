@@ -21,7 +21,6 @@ import socket
 import uuid
 from contextlib import AsyncExitStack
 
-import aioboto3
 import structlog
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -59,6 +58,7 @@ from app.publish.coordination import PublishedMemory
 from app.publish.relay import OutboxRelay
 from app.publish.shards import RelayShards
 from app.publish.sns import SnsPublisher
+from app.publish.sns import open_client as open_sns_client
 from app.queue.acks import AckUnsupported, ReplicaAck, check_ack_support, replicas_online
 from app.queue.backlog import BacklogMonitor
 from app.queue.batching import EnqueueBatcher
@@ -292,9 +292,7 @@ async def _build_relay(shared: Shared, stack: AsyncExitStack, *, owner: str) -> 
 
         shared.health.check("sns", no_topics, required=False)
         return None
-    client = await stack.enter_async_context(
-        aioboto3.Session().client("sns", region_name=settings.aws_region)
-    )
+    client = await stack.enter_async_context(open_sns_client(settings.aws_region))
     publisher = SnsPublisher(client)
     shared.health.check("sns", lambda: _topics(publisher, topics), required=False)
     return OutboxRelay(

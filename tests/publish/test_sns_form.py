@@ -18,7 +18,7 @@ from botocore.config import Config
 from botocore.credentials import Credentials
 
 import app.publish.sns
-from app.publish.sns import OutgoingMessage, Published, SnsPublisher
+from app.publish.sns import OutgoingMessage, Published, SnsPublisher, open_client
 from tests.publish.aws_stub import AwsStub
 
 TOPIC = "arn:aws:sns:us-east-1:123456789012:actions.fifo"
@@ -118,3 +118,21 @@ async def test_the_form_is_encoded_once_per_request(
     await SnsPublisher(client).publish_batch(messages())
     assert stub.requests == 1
     assert len(encoded) == 1  # botocore alone: twice (the signature's payload, then the send)
+
+
+async def test_the_gateways_client_leaves_checking_the_parameters_to_sns(
+    stub: AwsStub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """botocore's check against the API model is off (SNS checks them again): an entry
+    that check would refuse before sending (no ``Message``) reaches SNS, whose answer the
+    relay reads as for any refused entry."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL_SNS", stub.url)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    stub.batch(successful=[], failed={0: ("InvalidParameter", True)})
+    async with open_client("us-east-1") as sns:
+        reply = await sns.publish_batch(
+            TopicArn=TOPIC, PublishBatchRequestEntries=[{"Id": "0", "MessageGroupId": "g"}]
+        )
+    assert stub.requests == 1
+    assert reply["Failed"][0]["Code"] == "InvalidParameter"
