@@ -6,7 +6,9 @@ It keeps per-key order and the concurrency limit C, and nothing else: no signatu
 no Redis (events live in memory and are lost on a crash), no database (no audit, no outbox),
 no dedup, rate limit or breaker. Claude is called through the same SDK and transport as the
 gateway; tool calls go to SNS in PublishBatch calls of up to ten, one group at most once per
-call, in order, like the gateway's relay.
+call, in order, like the gateway's relay. Both clients are set up as the gateway's are (the
+SDK's spans off; the SNS form encoded once, no client-side parameter check), so what the
+gateway costs more is its own work.
 
     uvicorn --factory bench.minimal:minimal_app   (MINIMAL_TOPIC_ARN, MINIMAL_CONCURRENCY,
                                                    ANTHROPIC_BASE_URL, AWS_ENDPOINT_URL_SNS)
@@ -21,12 +23,12 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-import aioboto3
 import orjson
 from anthropic import AsyncAnthropic, DefaultAioHttpClient
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
+from app.publish.sns import encode_form_once, open_client
 from bench.common import ALERT_TOOL
 
 Message = tuple[str, str, str]  # group, dedup id, body
@@ -104,10 +106,14 @@ def minimal_app() -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         claude = AsyncAnthropic(
-            api_key="sk-bench", max_retries=0, http_client=DefaultAioHttpClient()
+            api_key="sk-bench",
+            max_retries=0,
+            http_client=DefaultAioHttpClient(),
+            open_telemetry=False,
         )
         region = os.environ.get("AWS_DEFAULT_REGION", "us-east-1")
-        async with aioboto3.Session().client("sns", region_name=region) as sns:
+        async with open_client(region) as sns:
+            sns.meta.events.register_first("request-created.sns", encode_form_once)
             app.state.pipeline = MinimalPipeline(
                 claude,
                 sns,
