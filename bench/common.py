@@ -160,9 +160,16 @@ class Server:
     """A server process (its own process group), ready once ``ready_path`` answers 200."""
 
     def __init__(
-        self, argv: Sequence[str], *, env: dict[str, str], port: int, ready_path: str = "/healthz"
+        self,
+        argv: Sequence[str],
+        *,
+        env: dict[str, str],
+        port: int,
+        ready_path: str = "/healthz",
+        cwd: Path = ROOT,
     ) -> None:
         self.argv = list(argv)
+        self.cwd = cwd
         self.env = env
         self.url = f"http://127.0.0.1:{port}"
         self.ready_path = ready_path
@@ -177,7 +184,7 @@ class Server:
         self.proc = subprocess.Popen(
             self.argv,
             env=self.env,
-            cwd=ROOT,
+            cwd=self.cwd,
             stdout=self.log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
