@@ -38,6 +38,7 @@ from bench.common import (
     Server,
     Skip,
     database,
+    fake_sns_and_claude,
     free_port,
     gateway_env,
     machine,
@@ -226,23 +227,7 @@ def measure(processes: int, events: int) -> Run:
         if not db_url.startswith("postgresql"):
             raise Skip("no PostgreSQL on 127.0.0.1:5432: the model needs its statistics")
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
-        sns_port, claude_port = free_port(), free_port()
-        sns = stack.enter_context(
-            Server(
-                [PYTHON, "-m", "bench.fake_sns", "--port", str(sns_port)],
-                env=dict(os.environ),
-                port=sns_port,
-                ready_path="/_stats",
-            )
-        )
-        claude = stack.enter_context(
-            Server(
-                [PYTHON, "-m", "eventgate_dev.fake_anthropic", "--port", str(claude_port)],
-                env=dict(os.environ),
-                port=claude_port,
-                ready_path="/_fake/stats",
-            )
-        )
+        sns, claude = fake_sns_and_claude(stack)
         env = gateway_env(
             prefix=redis_prefix("capacity"),
             database_url=db_url,

@@ -13,7 +13,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -239,6 +239,25 @@ class Server:
             if line.startswith(field + ":"):
                 return int(line.split()[1]) / 1024
         return 0.0
+
+
+def fake_sns_and_claude(stack: ExitStack) -> tuple[Server, Server]:
+    """``bench.fake_sns`` and the fake Messages API (zero latency), each its own process on a
+    free port, entered into ``stack``."""
+    sns_port, claude_port = free_port(), free_port()
+    sns = Server(
+        [PYTHON, "-m", "bench.fake_sns", "--port", str(sns_port)],
+        env=dict(os.environ),
+        port=sns_port,
+        ready_path="/_stats",
+    )
+    claude = Server(
+        [PYTHON, "-m", "eventgate_dev.fake_anthropic", "--port", str(claude_port)],
+        env=dict(os.environ),
+        port=claude_port,
+        ready_path="/_fake/stats",
+    )
+    return stack.enter_context(sns), stack.enter_context(claude)
 
 
 def gateway_env(

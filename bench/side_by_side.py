@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import re
 import statistics
 import subprocess
@@ -33,6 +32,7 @@ from bench.common import (
     Server,
     database,
     drop_prefix,
+    fake_sns_and_claude,
     free_port,
     gateway_env,
     redis_prefix,
@@ -106,23 +106,7 @@ def measure(base: str, new: str, rounds: int, events: int) -> list[str]:
     client = require_redis()
     with ExitStack() as stack:
         trees = [_checkout(stack, base), _checkout(stack, new)]
-        sns_port, claude_port = free_port(), free_port()
-        sns = stack.enter_context(
-            Server(
-                [PYTHON, "-m", "bench.fake_sns", "--port", str(sns_port)],
-                env=dict(os.environ),
-                port=sns_port,
-                ready_path="/_stats",
-            )
-        )
-        claude = stack.enter_context(
-            Server(
-                [PYTHON, "-m", "eventgate_dev.fake_anthropic", "--port", str(claude_port)],
-                env=dict(os.environ),
-                port=claude_port,
-                ready_path="/_fake/stats",
-            )
-        )
+        sns, claude = fake_sns_and_claude(stack)
         servers = []
         for n, tree in enumerate(trees):
             prefix = redis_prefix(f"side{n}")
