@@ -28,7 +28,7 @@ from anthropic import AsyncAnthropic, DefaultAioHttpClient
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from app.publish.sns import encode_form_once, open_client
+from app.publish.sns import ENCODE_FORM_ONCE, encode_form_once, open_client
 from bench.common import ALERT_TOOL
 
 Message = tuple[str, str, str]  # group, dedup id, body
@@ -113,7 +113,9 @@ def minimal_app() -> FastAPI:
         )
         region = os.environ.get("AWS_DEFAULT_REGION", "us-east-1")
         async with open_client(region) as sns:
-            sns.meta.events.register_first("request-created.sns", encode_form_once)
+            sns.meta.events.register_first(
+                "request-created.sns", encode_form_once, unique_id=ENCODE_FORM_ONCE
+            )
             app.state.pipeline = MinimalPipeline(
                 claude,
                 sns,

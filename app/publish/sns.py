@@ -110,6 +110,9 @@ class Publisher(Protocol):
         ...
 
 
+ENCODE_FORM_ONCE = "eventgate-encode-form-once"
+
+
 def open_client(region: str) -> Any:
     """The gateway's SNS client (an async context manager). botocore's check of the
     parameters against the API model is off: ``SnsPublisher`` builds every entry itself,
@@ -125,8 +128,11 @@ class SnsPublisher:
 
     def __init__(self, client: Any) -> None:
         self.client = client
-        # Before the signer, which botocore registers on the same event.
-        client.meta.events.register_first("request-created.sns", encode_form_once)
+        # Before the signer, which botocore registers on the same event; once per client,
+        # however many publishers wrap it.
+        client.meta.events.register_first(
+            "request-created.sns", encode_form_once, unique_id=ENCODE_FORM_ONCE
+        )
 
     async def publish_batch(
         self, messages: list[OutgoingMessage]

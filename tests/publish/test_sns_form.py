@@ -136,3 +136,22 @@ async def test_the_gateways_client_leaves_checking_the_parameters_to_sns(
         )
     assert stub.requests == 1
     assert reply["Failed"][0]["Code"] == "InvalidParameter"
+
+
+async def test_two_publishers_on_one_client_encode_the_form_once(
+    stub: AwsStub, client: object
+) -> None:
+    encoded: list[object] = []
+    real = app.publish.sns.encode_form_once
+
+    def counting(request: object, **kwargs: object) -> None:
+        encoded.append(request)
+        real(request, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(app.publish.sns, "encode_form_once", counting)
+        SnsPublisher(client)
+        publisher = SnsPublisher(client)
+    stub.batch(successful=[0, 1, 2], failed={})
+    await publisher.publish_batch(messages())
+    assert stub.requests == 1 and len(encoded) == 1
