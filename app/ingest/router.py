@@ -26,6 +26,7 @@ from starlette.types import Receive, Scope, Send
 
 from app.errors import AppError, InternalError, app_error_response, error_responses
 from app.ingest.budget import BodyBudget, BodyBuffer, Reservation
+from app.ingest.deadlines import ReadDeadlines
 from app.ingest.exceptions import ClientDisconnected, PayloadTooLarge, RequestTimeout
 from app.ingest.schemas import BatchIngestResponse, IngestResponse
 from app.ingest.service import IngestService
@@ -73,12 +74,13 @@ async def read_body(
     request: Request,
     limit: int,
     *,
-    read_seconds: float | None,
+    deadlines: ReadDeadlines | None,
     reservation: Reservation,
     check: BodyCheck,
 ) -> Body:
-    """Read at most ``limit`` bytes within ``read_seconds`` in total, fed to ``check`` chunk
-    by chunk, the memory holding them reserved from the process's budget before it is taken.
+    """Read at most ``limit`` bytes within ``deadlines.seconds`` in total (no time limit
+    without ``deadlines``), fed to ``check`` chunk by chunk, the memory holding them reserved
+    from the process's budget before it is taken.
 
     Larger bodies are refused as soon as the limit is passed (or declared), never buffered
     whole; a sender trickling its body is cut off at the timeout, so it cannot hold a
@@ -101,36 +103,41 @@ async def read_body(
     cap = limit if size is None else size
     buffer: BodyBuffer | None = None
     received = 0
+    task = deadlines.start() if deadlines is not None else None
     try:
-        async with asyncio.timeout(read_seconds):
-            while True:
-                # ASGI messages, not ``request.stream()``: ``more_body`` tells a body that
-                # is complete in its first chunk, which then needs no buffer.
-                message = await request.receive()
-                if message["type"] == "http.disconnect":
-                    raise ClientDisconnect()
-                chunk: bytes = message.get("body", b"")
-                more = message.get("more_body", False)
-                received += len(chunk)
-                if received > cap:
-                    raise PayloadTooLarge(f"body is larger than {limit} bytes")
-                if buffer is None and not more:
-                    reservation.reserve(len(chunk))
-                    check.update(chunk)
-                    body: Body = chunk
-                    break
-                if chunk:
-                    if buffer is None:
-                        buffer = BodyBuffer(reservation, cap)
-                    buffer.write(chunk)
-                    check.update(chunk)
-                if not more:
-                    body = buffer.body() if buffer is not None else b""
-                    break
-    except TimeoutError:
-        raise RequestTimeout(f"the body was not received within {read_seconds:g}s") from None
+        while True:
+            # ASGI messages, not ``request.stream()``: ``more_body`` tells a body that
+            # is complete in its first chunk, which then needs no buffer.
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                raise ClientDisconnect()
+            chunk: bytes = message.get("body", b"")
+            more = message.get("more_body", False)
+            received += len(chunk)
+            if received > cap:
+                raise PayloadTooLarge(f"body is larger than {limit} bytes")
+            if buffer is None and not more:
+                reservation.reserve(len(chunk))
+                check.update(chunk)
+                body: Body = chunk
+                break
+            if chunk:
+                if buffer is None:
+                    buffer = BodyBuffer(reservation, cap)
+                buffer.write(chunk)
+                check.update(chunk)
+            if not more:
+                body = buffer.body() if buffer is not None else b""
+                break
+    except asyncio.CancelledError:
+        if task is None or deadlines is None or not deadlines.timed_out(task):
+            raise
+        raise RequestTimeout(f"the body was not received within {deadlines.seconds:g}s") from None
     except ClientDisconnect:
         raise ClientDisconnected(f"the sender hung up after {received} bytes") from None
+    finally:
+        if task is not None and deadlines is not None:
+            deadlines.finish(task)
     if size is not None and received != size:  # ended early only on a disconnect
         raise ClientDisconnected(f"the sender hung up after {received} bytes")
     return body
@@ -142,7 +149,7 @@ class WebhookEntry:
     def __init__(self, *, service: IngestService, budget: BodyBudget, read_seconds: float) -> None:
         self.service = service
         self.budget = budget
-        self.read_seconds = read_seconds
+        self.deadlines = ReadDeadlines(read_seconds)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, source: str) -> None:
         response = await self.respond(source, Request(scope, receive))
@@ -168,7 +175,7 @@ class WebhookEntry:
             body = await read_body(
                 request,
                 registered.max_body_bytes,
-                read_seconds=self.read_seconds,
+                deadlines=self.deadlines,
                 reservation=reservation,
                 check=check,
             )

@@ -128,7 +128,7 @@ def _read_tiny_chunks(
             check = HeldBetweenChunks(budget)
             try:
                 body = await read_body(
-                    request, limit, read_seconds=None, reservation=reservation, check=check
+                    request, limit, deadlines=None, reservation=reservation, check=check
                 )
             except (BodyBufferFull, PayloadTooLarge) as exc:
                 return exc, check
