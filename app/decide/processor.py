@@ -37,7 +37,13 @@ from app.llm.attempts import Attempt, AttemptLog
 from app.llm.breaker import BreakerState
 from app.llm.caller import CallAbandoned, CallResult, GuardedCaller, run_together
 from app.llm.client import ClaudeReply, ClaudeRequest
-from app.observability.metrics import DEDUP_HITS, ESCALATIONS, EVENTS_FINISHED, WINDOWS_CLOSED
+from app.observability.metrics import (
+    DEDUP_HITS,
+    ESCALATIONS,
+    EVENTS_FINISHED,
+    WINDOWS_CLOSED,
+    labelled,
+)
 from app.publish.messages import outbox_row
 from app.store import windows
 from app.store.dead_letters import DeadLetters
@@ -502,7 +508,7 @@ class EventProcessor:
         if decision.status == EventStatus.PROCESSING:
             self.on_stored()
         else:
-            EVENTS_FINISHED.labels(status=decision.status).inc()
+            labelled(EVENTS_FINISHED, decision.status).inc()
         if self.after_decided is not None:
             try:
                 self.after_decided(event, rows, result)

@@ -39,6 +39,7 @@ from app.observability.metrics import (
     DEDUP_HITS,
     EVENTS_FILTERED,
     WEBHOOKS_RECEIVED,
+    labelled,
 )
 from app.payloads import resolve_key
 from app.queue.acks import NotReplicated
@@ -198,7 +199,7 @@ class IngestService:
             ) from exc
         queued = 0
         for done in outcomes:
-            WEBHOOKS_RECEIVED.labels(source=source.name, outcome=done.status).inc()
+            labelled(WEBHOOKS_RECEIVED, source.name, done.status).inc()
             queued += done.status == "queued"
         if queued:
             self.backlog.record_enqueued(queued)

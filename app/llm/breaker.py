@@ -27,7 +27,7 @@ from typing import Any
 import structlog
 from redis.asyncio import Redis
 
-from app.observability.metrics import CIRCUIT_BREAKER_STATE
+from app.observability.metrics import CIRCUIT_BREAKER_STATE, labelled
 from app.redis_scripts import ScriptCall
 
 log = structlog.get_logger(__name__)
@@ -157,7 +157,7 @@ class CircuitBreaker:
     def allowed(self, model: str, reply: Any) -> Permit:
         granted, state, wait = reply
         permit = Permit(bool(granted), BreakerState(_text(state)), float(_text(wait)))
-        CIRCUIT_BREAKER_STATE.labels(model=model).set(STATE_VALUE[permit.state])
+        labelled(CIRCUIT_BREAKER_STATE, model).set(STATE_VALUE[permit.state])
         return permit
 
     async def record(self, provider: str, model: str, *, ok: bool, permit: Permit) -> BreakerState:
@@ -187,7 +187,7 @@ class CircuitBreaker:
         state = BreakerState(_text(raw))
         if changed:
             log.warning("circuit_breaker_changed", provider=provider, model=model, state=state)
-        CIRCUIT_BREAKER_STATE.labels(model=model).set(STATE_VALUE[state])
+        labelled(CIRCUIT_BREAKER_STATE, model).set(STATE_VALUE[state])
         return state
 
     async def state(self, provider: str, model: str) -> BreakerState:

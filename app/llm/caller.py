@@ -39,7 +39,7 @@ from app.llm.client import ClaudeClient, ClaudeError, ClaudeReply, ClaudeRequest
 from app.llm.health import LlmHealth
 from app.llm.pricing import PriceTable
 from app.llm.ratelimit import RateLimiter, Reservation, estimate_input_tokens
-from app.observability.metrics import LLM_COST, LLM_DURATION, LLM_REQUESTS, LLM_TOKENS
+from app.observability.metrics import LLM_COST, LLM_DURATION, LLM_REQUESTS, LLM_TOKENS, labelled
 from app.redis_scripts import run_scripts
 
 log = structlog.get_logger(__name__)
@@ -375,7 +375,7 @@ class GuardedCaller:
         reply = result.reply
         usage = usage_of(reply)
         self.health.call_succeeded()
-        LLM_REQUESTS.labels(model=reply.model, outcome="ok").inc()
+        labelled(LLM_REQUESTS, reply.model, "ok").inc()
         LLM_DURATION.observe(reply.latency_ms / 1000)
         for kind, value in (
             ("input", usage.input_tokens),
@@ -383,5 +383,5 @@ class GuardedCaller:
             ("cache_creation", usage.cache_creation_input_tokens),
             ("cache_read", usage.cache_read_input_tokens),
         ):
-            LLM_TOKENS.labels(model=reply.model, type=kind).inc(value)
-        LLM_COST.labels(pipeline=result.pipeline).inc(result.cost_usd)
+            labelled(LLM_TOKENS, reply.model, kind).inc(value)
+        labelled(LLM_COST, result.pipeline).inc(result.cost_usd)

@@ -3,7 +3,10 @@ configured source, model, pipeline and topic names, and fixed outcome words."""
 
 from __future__ import annotations
 
+from typing import TypeVar, cast
+
 from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client.metrics import MetricWrapperBase
 
 WEBHOOKS_RECEIVED = Counter(
     "eventgate_webhooks_received_total", "Webhook deliveries by outcome", ["source", "outcome"]
@@ -106,3 +109,22 @@ TASK_RESTARTS = Counter(
     "Supervised background loops restarted after an unexpected end",
     ["task"],
 )
+
+_Metric = TypeVar("_Metric", bound=MetricWrapperBase)
+# (metric, label values) -> its child. Label values come from bounded sets (see above); the
+# cap only keeps a mistake from growing it for ever.
+_CHILDREN: dict[tuple[MetricWrapperBase, tuple[str, ...]], MetricWrapperBase] = {}
+MAX_CHILDREN = 4096
+
+
+def labelled(metric: _Metric, *values: str) -> _Metric:
+    """``metric.labels(*values)`` (values in the metric's label order), each child looked up
+    once: ``labels`` checks and converts its arguments and takes a lock on every call, and
+    the hot paths call it once per webhook and several times per event."""
+    key = (metric, values)
+    child = _CHILDREN.get(key)
+    if child is None:
+        child = metric.labels(*values)
+        if len(_CHILDREN) < MAX_CHILDREN:
+            _CHILDREN[key] = child
+    return cast(_Metric, child)

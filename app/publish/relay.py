@@ -29,7 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.events import EventStatus
 from app.faults import LeaseLost
-from app.observability.metrics import END_TO_END, EVENTS_FINISHED, PUBLISHED
+from app.observability.metrics import END_TO_END, EVENTS_FINISHED, PUBLISHED, labelled
 from app.publish.coordination import PublishedMemory, PublishLease
 from app.publish.messages import outgoing
 from app.publish.sns import Published, Publisher, PublishError
@@ -268,13 +268,13 @@ class OutboxRelay:
             EVENTS_FINISHED.labels(status=EventStatus.HELD).inc(held)
         now = datetime.now(UTC)
         for received in finished:
-            EVENTS_FINISHED.labels(status=EventStatus.PUBLISHED).inc()
+            labelled(EVENTS_FINISHED, EventStatus.PUBLISHED).inc()
             if received.tzinfo is None:  # SQLite returns naive datetimes
                 received = received.replace(tzinfo=UTC)
             END_TO_END.observe((now - received).total_seconds())
         for row, result in published:
             self._backoff.pop(row.group_id, None)
-            PUBLISHED.labels(topic=(row.topic_arn or "").rsplit(":", 1)[-1], outcome=outcome).inc()
+            labelled(PUBLISHED, (row.topic_arn or "").rsplit(":", 1)[-1], outcome).inc()
             log.info(
                 "tool_call_published",
                 event_id=row.event_id,
