@@ -18,6 +18,7 @@ from app.store.decisions import Decision, DecisionStore
 from app.store.driver import DriverPool
 from app.store.models import EventRow, LlmCallRow, LlmCallStatus, OutboxRow, OutboxStatus
 from app.store.repository import OUTBOX, LlmCallRepository, start_delivery
+from tests.store.rows import event_fields
 
 
 @pytest.fixture
@@ -82,16 +83,7 @@ def _row(event_id: str, seq: int, *, dedup: str | None = None) -> OutboxRow:
 async def _started(engine: AsyncEngine, event_id: str, *, epoch: int) -> None:
     """The event as the worker leaves it before the call: started under ``epoch``, with the
     attempt's row written, outcome unknown."""
-    fields = {
-        "id": event_id,
-        "source": "github",
-        "type": "issues.opened",
-        "group_key": "acme/api",
-        "delivery_id": f"d-{event_id}",
-        "pipeline": "triage",
-        "payload": {},
-        "received_at": datetime(2026, 12, 1, tzinfo=UTC),
-    }
+    fields = event_fields(event_id, payload={}, received_at=datetime(2026, 12, 1, tzinfo=UTC))
     async with engine.begin() as connection:
         await start_delivery(connection, fields=fields, epoch=epoch)
         await LlmCallRepository(connection).add(

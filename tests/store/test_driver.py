@@ -8,7 +8,6 @@ import asyncio
 import itertools
 import traceback
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -21,6 +20,7 @@ from app.store.db import create_engine
 from app.store.driver import MAX_COMPILED, DriverPool, DriverStatement
 from app.store.models import EventRow
 from app.store.repository import EVENTS, LLM_CALLS, Delivery, start_delivery
+from tests.store.rows import event_fields
 
 PAYLOAD = {"action": "opened", "issue": {"title": "héllo \u2028 \\u0000", "n": 2**40}}
 
@@ -42,16 +42,7 @@ async def driver(engine: AsyncEngine) -> AsyncIterator[DriverPool]:
 
 
 def _fields(event_id: str, **changed: Any) -> dict[str, Any]:
-    return {
-        "id": event_id,
-        "source": "github",
-        "type": "issues.opened",
-        "group_key": "acme/api",
-        "delivery_id": f"d-{event_id}",
-        "pipeline": "triage",
-        "payload": PAYLOAD,
-        "received_at": datetime(2026, 12, 1, 8, 30, tzinfo=UTC),
-    } | changed
+    return event_fields(event_id, payload=PAYLOAD) | changed
 
 
 async def _deliveries(

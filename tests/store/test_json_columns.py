@@ -5,7 +5,6 @@ write is stored and read back the same."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -16,6 +15,7 @@ from app.store.db import create_engine, dump_json
 from app.store.driver import DriverPool
 from app.store.models import EventRow
 from app.store.repository import start_delivery
+from tests.store.rows import event_fields
 
 # orjson refuses both: an integer beyond 64 bits, a key that is not a string.
 REFUSED_BY_ORJSON: dict[Any, Any] = {"count": 2**70, 7: "an int key", "nested": [{"n": -(2**65)}]}
@@ -27,19 +27,6 @@ async def engine(url: str) -> AsyncIterator[AsyncEngine]:
     made = create_engine(url)
     yield made
     await made.dispose()
-
-
-def _fields(event_id: str, payload: Any) -> dict[str, Any]:
-    return {
-        "id": event_id,
-        "source": "github",
-        "type": "issues.opened",
-        "group_key": "acme/api",
-        "delivery_id": f"d-{event_id}",
-        "pipeline": "triage",
-        "payload": payload,
-        "received_at": datetime(2026, 12, 1, 8, 30, tzinfo=UTC),
-    }
 
 
 def test_dump_json_writes_what_orjson_refuses_as_the_standard_library_does() -> None:
@@ -54,12 +41,16 @@ async def test_a_payload_orjson_refuses_is_stored_through_the_engine_and_the_dri
     engine: AsyncEngine,
 ) -> None:
     async with engine.begin() as connection:
-        await start_delivery(connection, fields=_fields("evt_engine", REFUSED_BY_ORJSON), epoch=1)
+        await start_delivery(
+            connection, fields=event_fields("evt_engine", payload=REFUSED_BY_ORJSON), epoch=1
+        )
     ids = ["evt_engine"]
     if engine.dialect.name == "postgresql":
         driver = await DriverPool.open(engine.url, engine.dialect, size=1)
         try:
-            await start_delivery(driver, fields=_fields("evt_driver", REFUSED_BY_ORJSON), epoch=1)
+            await start_delivery(
+                driver, fields=event_fields("evt_driver", payload=REFUSED_BY_ORJSON), epoch=1
+            )
         finally:
             await driver.close()
         ids.append("evt_driver")

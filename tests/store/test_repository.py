@@ -14,6 +14,7 @@ from app.events import EventStatus
 from app.store.db import create_engine, session_factory
 from app.store.models import EventRow, OutboxRow, OutboxStatus
 from app.store.repository import EventRepository, OutboxRepository, start_delivery
+from tests.store.rows import event_fields
 
 
 @pytest.fixture
@@ -24,16 +25,7 @@ async def db(url: str) -> AsyncIterator[async_sessionmaker[AsyncSession]]:
 
 
 def _fields(event_id: str) -> dict[str, Any]:
-    return {
-        "id": event_id,
-        "source": "github",
-        "type": "issues.opened",
-        "group_key": "acme/api",
-        "delivery_id": f"d-{event_id}",
-        "pipeline": "triage",
-        "payload": {"action": "opened"},
-        "received_at": datetime(2026, 11, 30, tzinfo=UTC),
-    }
+    return event_fields(event_id, received_at=datetime(2026, 11, 30, tzinfo=UTC))
 
 
 async def _start(db: async_sessionmaker[AsyncSession], event_id: str) -> Any:
