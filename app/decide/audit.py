@@ -19,6 +19,7 @@ from app.events import Event
 from app.llm.attempts import Attempt, usage_of
 from app.llm.client import ClaudeError, ClaudeReply
 from app.llm.pricing import PriceTable
+from app.store.driver import DriverPool
 from app.store.models import CallPurpose, LlmCallStatus
 from app.store.repository import LLM_CALLS, LlmCallRepository
 from app.store.row_batcher import RowBatcher
@@ -124,15 +125,17 @@ def _outcome(**given: Any) -> dict[str, Any]:
 
 class AuditTrail:
     """Writes the rows: each statement alone on an autocommit connection (one round trip; the
-    rows before calls batched, ``RowBatcher``), or inside the caller's transaction
-    (``complete_in``)."""
+    rows before calls batched, ``RowBatcher``, on the driver's pool when given), or inside
+    the caller's transaction (``complete_in``)."""
 
-    def __init__(self, *, engine: AsyncEngine, recorder: AuditRecorder) -> None:
+    def __init__(
+        self, *, engine: AsyncEngine, recorder: AuditRecorder, driver: DriverPool | None = None
+    ) -> None:
         self.autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
         self.recorder = recorder
         # The rows of attempts about to be made: those of events reaching their calls
         # together go in with one statement.
-        self.started = RowBatcher(engine, LLM_CALLS)
+        self.started = RowBatcher(engine, LLM_CALLS, driver=driver)
 
     def of(self, event: Event, *, purpose: str = CallPurpose.LIVE) -> EventAttempts:
         """The attempt log the guarded caller writes for ``event`` (``purpose``: live, or a

@@ -112,7 +112,7 @@ def build_processor(
     )
     prices = PriceTable.from_config(config)
     audit = AuditRecorder(prices=prices, text_mode=cast(TextMode, settings.llm_audit_text))
-    trail = AuditTrail(engine=engine, recorder=audit)
+    trail = AuditTrail(engine=engine, recorder=audit, driver=driver)
     caller = GuardedCaller(
         config=config,
         clients=clients,

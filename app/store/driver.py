@@ -20,16 +20,19 @@ callables, Python-side column defaults) is refused when it is compiled.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, cast
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypeVar, cast
 
 import asyncpg
 from asyncpg.exceptions import _base as asyncpg_base
+from sqlalchemy import Column, Table, bindparam, insert
 from sqlalchemy import exc as sa_errors
 from sqlalchemy.engine import URL, Dialect
 from sqlalchemy.sql import ClauseElement, Executable
 from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.schema import CallableColumnDefault, ScalarElementColumnDefault
 
+_T = TypeVar("_T")
 MAX_COMPILED = 256
 # Connection arguments that are SQLAlchemy's own, not asyncpg's.
 _ENGINE_ONLY = ("async_creator_fn", "prepared_statement_cache_size", "prepared_statement_name_func")
@@ -83,6 +86,10 @@ class DriverPool:
         # Statements compiled, most recently used last; bounded, as SQLAlchemy's cache is: a
         # decision's statement differs by its number of outbox rows (up to 100).
         self._compiled: OrderedDict[Executable, DriverStatement] = OrderedDict()
+        # INSERTs built by ``insert_many``, per table and set of columns given.
+        self._inserts: dict[
+            tuple[Table, tuple[str, ...]], tuple[Executable, list[tuple[str, Callable[[], Any]]]]
+        ] = {}
 
     @classmethod
     async def open(
@@ -131,10 +138,54 @@ class DriverPool:
     async def fetchrow(self, core: Executable, params: Mapping[str, Any]) -> asyncpg.Record | None:
         statement = self.compiled(core)
         arguments = statement.arguments(params)
+        return await self._run(
+            statement.sql, lambda connection: connection.fetchrow(statement.sql, *arguments)
+        )
+
+    async def insert_many(self, table: Table, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Insert ``rows`` (each naming the same columns) with one ``executemany``: one
+        round trip, and atomic (asyncpg runs it in a transaction of its own), so a refused
+        row refuses them all. A column a row leaves out gets its Python-side default, as
+        SQLAlchemy gives it (a scalar, or a callable's value at this moment), else the
+        database's."""
+        if not rows:
+            return
+        columns = tuple(rows[0])
+        core, defaults = self._insert_of(table, columns)
+        statement = self.compiled(core)
+        if defaults:
+            rows = [{**{name: default() for name, default in defaults}, **row} for row in rows]
+        arguments = [statement.arguments(row) for row in rows]
+        await self._run(
+            statement.sql, lambda connection: connection.executemany(statement.sql, arguments)
+        )
+
+    def _insert_of(
+        self, table: Table, columns: tuple[str, ...]
+    ) -> tuple[Executable, list[tuple[str, Callable[[], Any]]]]:
+        """The INSERT naming ``columns`` and every column with a Python-side default (built
+        once per set of columns), and those defaults."""
+        key = (table, columns)
+        found = self._inserts.get(key)
+        if found is None:
+            defaults = [
+                (column.name, python_default(column))
+                for column in table.columns
+                if column.name not in columns and column.default is not None
+            ]
+            names = [*columns, *(name for name, _ in defaults)]
+            core = insert(table).values(
+                {name: bindparam(name, type_=table.c[name].type) for name in names}
+            )
+            found = self._inserts[key] = (core, defaults)
+        return found
+
+    async def _run(self, sql: str, work: Callable[[asyncpg.Connection], Awaitable[_T]]) -> _T:
+        """``work`` on a connection of the pool, its failures as SQLAlchemy's."""
         try:
             async with self.pool.acquire(timeout=self.acquire_timeout) as connection:
                 try:
-                    return await connection.fetchrow(statement.sql, *arguments)
+                    return await work(connection)
                 except Exception as exc:
                     if not connection.is_closed():
                         raise
@@ -142,14 +193,29 @@ class DriverPool:
                     # surface as its InternalClientError), a closed connection is a lost
                     # one, as SQLAlchemy's dialect decides: the pool replaces it.
                     raise sa_errors.OperationalError(
-                        statement.sql,
+                        sql,
                         None,
                         DriverError(exc),
                         hide_parameters=True,
                         connection_invalidated=True,
                     ) from None
         except (asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-            raise translated(exc, statement.sql) from None
+            raise translated(exc, sql) from None
+
+
+def python_default(column: Column[Any]) -> Callable[[], Any]:
+    """A column's Python-side default as a function of nothing: a scalar, or a callable that
+    takes no execution context (SQLAlchemy wraps those to take one and ignore it). A SQL
+    expression or a sequence is refused, as is a callable that reads its context."""
+    default = column.default
+    if isinstance(default, ScalarElementColumnDefault):
+        value = default.arg
+        return lambda: value
+    # SQLAlchemy keeps a callable that takes a context as given, and wraps one that does not.
+    if isinstance(default, CallableColumnDefault) and not default.compare_argument(default.arg):
+        call = default.arg
+        return lambda: call(None)  # type: ignore[arg-type]
+    raise ValueError(f"the default of {column} cannot be computed on the driver")
 
 
 async def _keep_session(connection: asyncpg.Connection) -> None:

@@ -203,7 +203,7 @@ def build(
     anthropic = ClaudeClient(AsyncAnthropic(api_key="sk-ant-test", base_url=BASE, max_retries=0))
     engine = sessions().bind
     assert isinstance(engine, AsyncEngine)
-    trail = AuditTrail(engine=engine, recorder=audit)
+    trail = AuditTrail(engine=engine, recorder=audit, driver=driver)
     caller = GuardedCaller(
         config=config,
         clients=clients if clients is not None else {"anthropic": anthropic},

@@ -11,13 +11,25 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from sqlalchemy import bindparam, insert, select, text, update
+from sqlalchemy import (
+    Column,
+    DateTime,
+    Integer,
+    MetaData,
+    Table,
+    bindparam,
+    func,
+    insert,
+    select,
+    text,
+    update,
+)
 from sqlalchemy import exc as sa_errors
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.faults import data_refused, dependency_unavailable
 from app.store.db import create_engine
-from app.store.driver import MAX_COMPILED, DriverPool, DriverStatement
+from app.store.driver import MAX_COMPILED, DriverPool, DriverStatement, python_default
 from app.store.models import EventRow
 from app.store.repository import EVENTS, LLM_CALLS, Delivery, start_delivery
 from tests.store.rows import event_fields
@@ -249,3 +261,45 @@ async def test_the_pool_opens_no_more_connections_than_its_size(engine: AsyncEng
         assert pool.pool.get_size() <= 2
     finally:
         await pool.close()
+
+
+async def test_rows_inserted_on_the_driver_get_the_same_defaults_as_through_sqlalchemy(
+    engine: AsyncEngine, driver: DriverPool
+) -> None:
+    """A column the rows leave out gets its Python-side default (a scalar, a callable's
+    value now) or the database's, as through SQLAlchemy; the rows go in together."""
+    given = {"event_id": "evt_d", "pipeline": "triage", "model": "m", "attempt": 1}
+    given |= {"status": "unknown", "latency_ms": 0.0}
+    async with engine.begin() as connection:
+        await connection.execute(insert(LLM_CALLS), [{"id": "llm_engine"} | given])
+    await driver.insert_many(LLM_CALLS, [{"id": f"llm_driver_{n}"} | given for n in range(3)])
+    async with engine.connect() as connection:
+        rows = {
+            row.id: row._asdict()
+            for row in await connection.execute(select(LLM_CALLS).order_by(LLM_CALLS.c.id))
+        }
+    assert set(rows) == {"llm_engine", "llm_driver_0", "llm_driver_1", "llm_driver_2"}
+    by_engine = rows.pop("llm_engine")
+    for row in rows.values():
+        assert row["created_at"] is not None and row["created_at"] >= by_engine["created_at"]
+        differ = {"id", "created_at"}
+        assert {k: v for k, v in row.items() if k not in differ} == {
+            k: v for k, v in by_engine.items() if k not in differ
+        }
+    assert by_engine["tool_calls"] == [] and by_engine["provider"] == "anthropic"
+
+
+def test_a_default_the_driver_cannot_compute_is_refused() -> None:
+    """A default that reads SQLAlchemy's execution context, or is SQL, is not guessed."""
+    metadata = MetaData()
+    table = Table(
+        "t",
+        metadata,
+        Column("id", Integer, primary_key=True),
+        Column("seen", Integer, default=lambda context: context.get_current_parameters()["id"]),
+        Column("at", DateTime, default=func.now()),
+    )
+    with pytest.raises(ValueError, match="seen"):
+        python_default(table.c.seen)
+    with pytest.raises(ValueError, match="at"):
+        python_default(table.c.at)

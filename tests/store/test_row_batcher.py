@@ -1,5 +1,6 @@
 """Rows asked for in one turn of the event loop go in with one statement
-(``app/store/row_batcher.py``), on SQLite and on PostgreSQL when reachable."""
+(``app/store/row_batcher.py``), on SQLite and on PostgreSQL when reachable, through the
+engine and (PostgreSQL) straight on the driver's pool."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.store.db import create_engine
+from app.store.driver import DriverPool
 from app.store.models import LlmCallRow, LlmCallStatus
 from app.store.repository import LLM_CALLS
 from app.store.row_batcher import RowBatcher
@@ -24,6 +26,20 @@ async def engine(url: str) -> AsyncIterator[AsyncEngine]:
     made = create_engine(url)
     yield made
     await made.dispose()
+
+
+@pytest.fixture(params=["engine", "driver"])
+async def batcher(request: pytest.FixtureRequest, engine: AsyncEngine) -> AsyncIterator[RowBatcher]:
+    if request.param == "engine":
+        yield RowBatcher(engine, LLM_CALLS)
+        return
+    if engine.dialect.name != "postgresql":
+        pytest.skip("the driver's pool is PostgreSQL's")
+    driver = await DriverPool.open(engine.url, engine.dialect, size=2)
+    try:
+        yield RowBatcher(engine, LLM_CALLS, driver=driver)
+    finally:
+        await driver.close()
 
 
 def _row(call_id: str, **more: Any) -> dict[str, Any]:
@@ -40,14 +56,25 @@ def _row(call_id: str, **more: Any) -> dict[str, Any]:
     } | more
 
 
-def _count_statements(engine: AsyncEngine) -> list[str]:
-    seen: list[str] = []
+def _count_statements(engine: AsyncEngine, batcher: RowBatcher) -> list[Any]:
+    """The INSERT statements the batcher sends, through the engine or on the driver."""
+    seen: list[Any] = []
+    driver = batcher.driver
+    if driver is None:
 
-    @sa_event.listens_for(engine.sync_engine, "before_cursor_execute")
-    def count(_: Any, __: Any, statement: str, *___: Any) -> None:
-        if statement.lstrip().upper().startswith("INSERT"):
-            seen.append(statement)
+        @sa_event.listens_for(engine.sync_engine, "before_cursor_execute")
+        def count(_: Any, __: Any, statement: str, *___: Any) -> None:
+            if statement.lstrip().upper().startswith("INSERT"):
+                seen.append(statement)
 
+        return seen
+    insert_many = driver.insert_many
+
+    async def counted(table: Any, rows: Any) -> None:
+        seen.append(rows)
+        await insert_many(table, rows)
+
+    driver.insert_many = counted  # type: ignore[method-assign]
     return seen
 
 
@@ -57,10 +84,9 @@ async def _ids(engine: AsyncEngine) -> set[str]:
 
 
 async def test_rows_of_one_turn_share_a_statement_and_each_caller_waits_for_it(
-    engine: AsyncEngine,
+    engine: AsyncEngine, batcher: RowBatcher
 ) -> None:
-    batcher = RowBatcher(engine, LLM_CALLS)
-    inserts = _count_statements(engine)
+    inserts = _count_statements(engine, batcher)
     await asyncio.gather(*(batcher.insert(_row(f"llm_{n}")) for n in range(5)))
     assert len(inserts) == 1
     assert await _ids(engine) == {f"llm_{n}" for n in range(5)}  # committed when they return
@@ -79,9 +105,8 @@ async def test_rows_of_one_turn_share_a_statement_and_each_caller_waits_for_it(
 
 
 async def test_a_refused_row_fails_every_row_of_its_statement_and_no_other(
-    engine: AsyncEngine,
+    engine: AsyncEngine, batcher: RowBatcher
 ) -> None:
-    batcher = RowBatcher(engine, LLM_CALLS)
     await batcher.insert(_row("llm_taken"))
     outcomes = await asyncio.gather(
         batcher.insert(_row("llm_new")),
@@ -95,9 +120,8 @@ async def test_a_refused_row_fails_every_row_of_its_statement_and_no_other(
 
 
 async def test_a_caller_that_stops_waiting_does_not_take_the_others_rows_with_it(
-    engine: AsyncEngine,
+    engine: AsyncEngine, batcher: RowBatcher
 ) -> None:
-    batcher = RowBatcher(engine, LLM_CALLS)
     first = asyncio.ensure_future(batcher.insert(_row("llm_gone")))
     second = asyncio.ensure_future(batcher.insert(_row("llm_stays")))
     await asyncio.sleep(0)
