@@ -210,12 +210,12 @@ def _health_glance(shared: Shared, admin: AdminService) -> HealthGlance:
 async def _build_worker(shared: Shared, stack: AsyncExitStack) -> WorkerParts:
     settings, config = shared.settings, shared.config
     owner = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-    relay = await _build_relay(shared, stack, owner=owner)
+    driver = await _driver_pool(shared, stack)
+    relay = await _build_relay(shared, stack, owner=owner, driver=driver)
     clients = await _claude_clients(settings, config, stack)
     health = LlmHealth()
     processing = None
     if clients:
-        driver = await _driver_pool(shared, stack)
         processor = build_processor(
             settings=settings,
             config=config,
@@ -258,8 +258,9 @@ async def _build_worker(shared: Shared, stack: AsyncExitStack) -> WorkerParts:
 
 
 async def _driver_pool(shared: Shared, stack: AsyncExitStack) -> DriverPool | None:
-    """On PostgreSQL, the pool the worker's per-event statements run on (``driver.py``),
-    sized like the engine's; its connections are opened as they are needed."""
+    """On PostgreSQL, the pool the worker's per-event statements and the relay's round
+    writes run on (``driver.py``), sized like the engine's; its connections are opened as
+    they are needed."""
     engine = shared.engine
     if engine.dialect.name != "postgresql":
         return None
@@ -279,7 +280,9 @@ async def _close_driver(driver: DriverPool) -> None:
         driver.terminate()
 
 
-async def _build_relay(shared: Shared, stack: AsyncExitStack, *, owner: str) -> OutboxRelay | None:
+async def _build_relay(
+    shared: Shared, stack: AsyncExitStack, *, owner: str, driver: DriverPool | None
+) -> OutboxRelay | None:
     """The SNS client and the relay, when a tool has a topic (else tool calls stay in the
     outbox); readiness reports whether each topic answers, without requiring it (the outbox
     holds tool calls while SNS is down)."""
@@ -298,6 +301,7 @@ async def _build_relay(shared: Shared, stack: AsyncExitStack, *, owner: str) -> 
     return OutboxRelay(
         sessions=shared.sessions,
         reads=read_session_factory(shared.engine),
+        driver=driver,
         publisher=publisher,
         lease=RelayShards(
             shared.redis,

@@ -34,7 +34,9 @@ from app.publish.coordination import PublishedMemory, PublishLease
 from app.publish.messages import outgoing
 from app.publish.sns import Published, Publisher, PublishError
 from app.store.dead_letters import DeadLetters
+from app.store.driver import DriverPool
 from app.store.models import OutboxRow, slot_of
+from app.store.published import mark_and_finish
 from app.store.repository import EventRepository, OutboxRepository
 
 log = structlog.get_logger(__name__)
@@ -64,10 +66,13 @@ class OutboxRelay:
         batch_concurrency: int = 4,
         clock: Callable[[], float] = time.monotonic,
         reads: async_sessionmaker[AsyncSession] | None = None,
+        driver: DriverPool | None = None,
     ) -> None:
         self.sessions = sessions
         # The fetch of pending rows is one read: on autocommit sessions when given.
         self.reads = reads or sessions
+        # The write after each round, on PostgreSQL (None: through ``sessions``).
+        self.driver = driver
         self.publisher = publisher
         self.lease = lease
         self.memory = memory
@@ -248,22 +253,13 @@ class OutboxRelay:
     async def _mark_published(
         self, published: list[tuple[OutboxRow, Published]], *, outcome: str
     ) -> None:
-        """Mark a round's published rows and finish their events: one transaction, three
+        """Mark a round's published rows and finish their events: one statement on the
+        driver's pool (PostgreSQL, ``app/store/published.py``), else one transaction of three
         statements whatever the round's size (a fourth when some events are left with only
         held calls: they become ``held``)."""
         if not published:
             return
-        async with self.sessions() as session:
-            outbox = OutboxRepository(session)
-            await outbox.mark_published(
-                [(row.id, result.message_id, result.sequence_number) for row, result in published]
-            )
-            events = list(dict.fromkeys((r.event_id, r.generation) for r, _ in published))
-            done = await outbox.finished(events)
-            repository = EventRepository(session)
-            finished = await repository.finish_published(done.published)
-            held = await repository.finish_held(done.held)
-            await session.commit()
+        finished, held = await self._write_round(published)
         if held:
             EVENTS_FINISHED.labels(status=EventStatus.HELD).inc(held)
         now = datetime.now(UTC)
@@ -282,6 +278,25 @@ class OutboxRelay:
                 group_id=row.group_id,
                 message_id=result.message_id,
             )
+
+    async def _write_round(
+        self, published: list[tuple[OutboxRow, Published]]
+    ) -> tuple[list[datetime], int]:
+        """Mark the rows published and finish their events; the finished events'
+        ``received_at`` times and how many became ``held``."""
+        marks = [(row.id, result.message_id, result.sequence_number) for row, result in published]
+        events = list(dict.fromkeys((r.event_id, r.generation) for r, _ in published))
+        if self.driver is not None:
+            return await mark_and_finish(self.driver, marks, events)
+        async with self.sessions() as session:
+            outbox = OutboxRepository(session)
+            await outbox.mark_published(marks)
+            done = await outbox.finished(events)
+            repository = EventRepository(session)
+            finished = await repository.finish_published(done.published)
+            held = await repository.finish_held(done.held)
+            await session.commit()
+        return finished, held
 
     async def _failed(self, row: OutboxRow, exc: PublishError) -> None:
         topic = (row.topic_arn or "").rsplit(":", 1)[-1]

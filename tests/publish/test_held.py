@@ -6,6 +6,7 @@ from __future__ import annotations
 from prometheus_client import REGISTRY
 from sqlalchemy import select
 
+from app.store.driver import DriverPool
 from app.store.models import EventRow, OutboxRow
 from tests.publish.support import MemoryPublisher, Sessions, add_event, make_relay
 
@@ -24,12 +25,14 @@ def _held_total() -> float:
     return REGISTRY.get_sample_value("eventgate_events_finished_total", labels) or 0.0
 
 
-async def test_an_event_left_with_only_held_calls_ends_held(sessions: Sessions) -> None:
+async def test_an_event_left_with_only_held_calls_ends_held(
+    sessions: Sessions, round_writes: DriverPool | None
+) -> None:
     await add_event(sessions, "evt_mixed", "acme/api", 1, TOPIC, held_calls=1)
     await add_event(sessions, "evt_whole", "acme/web", 2, TOPIC)
     held_before = _held_total()
     publisher = MemoryPublisher()
-    relay = make_relay(sessions, publisher)
+    relay = make_relay(sessions, publisher, driver=round_writes)
 
     assert await relay.publish_pending() == 3
     events, rows = await _statuses(sessions)

@@ -15,18 +15,19 @@ from app.publish.coordination import PublishedMemory, RelayLease
 from app.publish.ids import deduplication_id
 from app.publish.relay import OutboxRelay
 from app.publish.sns import SnsPublisher
+from app.store.driver import DriverPool
 from app.store.models import DeadLetterRow, EventRow, OutboxRow
 from tests.publish.support import RecordingPublisher, Sessions, add_event, make_relay
 from tests.support import SnsFixture
 
 
 async def test_rows_publish_in_order_per_group_with_the_designed_message(
-    sessions: Sessions, sns: SnsFixture, sns_client: object
+    sessions: Sessions, sns: SnsFixture, sns_client: object, round_writes: DriverPool | None
 ) -> None:
     for n in range(3):
         await add_event(sessions, f"evt_a{n}", "acme/api", 2, sns.topic_arn)
         await add_event(sessions, f"evt_b{n}", "acme/web", 1, sns.topic_arn)
-    relay = make_relay(sessions, SnsPublisher(sns_client))
+    relay = make_relay(sessions, SnsPublisher(sns_client), driver=round_writes)
     assert await relay.publish_pending() == 9
     messages = sns.receive(sns.fifo_url, expected=9)
     by_group: dict[str, list[tuple[str, int]]] = {}
@@ -51,7 +52,7 @@ async def test_rows_publish_in_order_per_group_with_the_designed_message(
 
 
 async def test_retryable_failure_holds_its_group_and_keeps_order(
-    sessions: Sessions, sns: SnsFixture, sns_client: object
+    sessions: Sessions, sns: SnsFixture, sns_client: object, round_writes: DriverPool | None
 ) -> None:
     await add_event(sessions, "evt_a0", "acme/api", 1, sns.topic_arn)
     await add_event(sessions, "evt_a1", "acme/api", 1, sns.topic_arn)
@@ -59,7 +60,7 @@ async def test_retryable_failure_holds_its_group_and_keeps_order(
     publisher = RecordingPublisher(
         SnsPublisher(sns_client), {deduplication_id("evt_a0", 0): (2, True)}
     )
-    relay = make_relay(sessions, publisher)
+    relay = make_relay(sessions, publisher, driver=round_writes)
     assert await relay.publish_pending() == 1  # only acme/web got through
     assert await relay.publish_pending() == 0  # acme/api fails again, a1 never tried
     assert [c.dedup_id for c in publisher.calls if c.group_id == "acme/api"] == [
@@ -79,12 +80,12 @@ async def test_retryable_failure_holds_its_group_and_keeps_order(
 
 
 async def test_permanent_failure_dead_letters_and_the_group_moves_on(
-    sessions: Sessions, sns: SnsFixture, sns_client: object
+    sessions: Sessions, sns: SnsFixture, sns_client: object, round_writes: DriverPool | None
 ) -> None:
     missing_topic = sns.topic_arn.replace(".fifo", "-gone.fifo")
     await add_event(sessions, "evt_bad", "acme/api", 1, missing_topic)
     await add_event(sessions, "evt_ok", "acme/api", 1, sns.topic_arn)
-    relay = make_relay(sessions, SnsPublisher(sns_client))
+    relay = make_relay(sessions, SnsPublisher(sns_client), driver=round_writes)
     assert await relay.publish_pending() == 2  # one dead-lettered, one published
     async with sessions() as session:
         bad = await session.get(EventRow, "evt_bad")
@@ -98,13 +99,18 @@ async def test_permanent_failure_dead_letters_and_the_group_moves_on(
 
 
 async def test_remembered_dedup_id_is_marked_not_republished(
-    sessions: Sessions, sns: SnsFixture, sns_client: object, redis: Redis, redis_prefix: str
+    sessions: Sessions,
+    sns: SnsFixture,
+    sns_client: object,
+    redis: Redis,
+    redis_prefix: str,
+    round_writes: DriverPool | None,
 ) -> None:
     await add_event(sessions, "evt_seen", "acme/api", 1, sns.topic_arn)
     memory = PublishedMemory(redis, prefix=redis_prefix, window_seconds=60)
     await memory.remember_many([(deduplication_id("evt_seen", 0), "msg-from-before-the-crash")])
     publisher = RecordingPublisher(SnsPublisher(sns_client), {})
-    assert await make_relay(sessions, publisher, memory).publish_pending() == 1
+    assert await make_relay(sessions, publisher, memory, driver=round_writes).publish_pending() == 1
     assert publisher.calls == []
     async with sessions() as session:
         row = (await session.scalars(select(OutboxRow))).one()
@@ -124,13 +130,13 @@ async def test_only_one_relay_holds_the_lease(redis: Redis, redis_prefix: str) -
 
 
 async def test_heads_of_many_groups_go_out_in_batches_of_ten(
-    sessions: Sessions, sns: SnsFixture, sns_client: object
+    sessions: Sessions, sns: SnsFixture, sns_client: object, round_writes: DriverPool | None
 ) -> None:
     for group in range(23):
         for n in range(2):
             await add_event(sessions, f"evt_{group}_{n}", f"acme/r{group}", 1, sns.topic_arn)
     publisher = RecordingPublisher(SnsPublisher(sns_client), {})
-    assert await make_relay(sessions, publisher).publish_pending() == 46
+    assert await make_relay(sessions, publisher, driver=round_writes).publish_pending() == 46
     # Round 1: the 23 heads (10 + 10 + 3); round 2: the 23 second rows. Never two rows of
     # one group in the same round.
     assert sorted(publisher.batch_sizes) == [3, 3, 10, 10, 10, 10]
@@ -148,14 +154,14 @@ async def test_heads_of_many_groups_go_out_in_batches_of_ten(
 
 
 async def test_permanent_entry_failure_in_a_batch_dead_letters_only_that_row(
-    sessions: Sessions, sns: SnsFixture, sns_client: object
+    sessions: Sessions, sns: SnsFixture, sns_client: object, round_writes: DriverPool | None
 ) -> None:
     await add_event(sessions, "evt_x", "acme/x", 1, sns.topic_arn)
     await add_event(sessions, "evt_y", "acme/y", 1, sns.topic_arn)
     publisher = RecordingPublisher(
         SnsPublisher(sns_client), {deduplication_id("evt_x", 0): (1, False)}
     )
-    assert await make_relay(sessions, publisher).publish_pending() == 2
+    assert await make_relay(sessions, publisher, driver=round_writes).publish_pending() == 2
     async with sessions() as session:
         x = await session.get(EventRow, "evt_x")
         y = await session.get(EventRow, "evt_y")
