@@ -57,6 +57,9 @@ def redact_secrets(
     line costs at most that much reading per value. The line's strings cost one scan together
     (``may_hold_secret``) unless one of them may hold a secret: a line is logged per webhook."""
     texts: list[str] = []
+    # Lists of short strings (a decision's tool names) join the line's one scan, and are
+    # walked as nested values only when it finds something.
+    plain_lists: list[str] = []
     for key, value in event_dict.items():
         if _names_secret(key):
             event_dict[key] = REDACTED
@@ -64,11 +67,17 @@ def redact_secrets(
             if len(value) > LOG_VALUE_CHARS:
                 event_dict[key] = value = cut(value)
             texts.append(value)
+        elif isinstance(value, list | tuple) and _short_strings(value):
+            event_dict[key] = list(value)
+            texts.extend(value)
+            plain_lists.append(key)
         elif isinstance(value, Mapping | list | tuple):
             event_dict[key] = _redact_nested(value)
     # The scan finds in the joined text whatever it finds in one of the strings (a newline
     # only adds a boundary), so one scan tells whether any of them needs the rules.
     if texts and may_hold_secret("\n".join(texts)):
+        for key in plain_lists:
+            event_dict[key] = _redact_nested(event_dict[key])
         for key, value in event_dict.items():
             if isinstance(value, str) and value != REDACTED:
                 event_dict[key] = redact_text(value)
@@ -79,6 +88,10 @@ def redact_secrets(
             for name, value in headers.items()
         }
     return event_dict
+
+
+def _short_strings(values: list[Any] | tuple[Any, ...]) -> bool:
+    return all(type(v) is str and len(v) <= LOG_VALUE_CHARS for v in values)
 
 
 def _names_secret(key: str) -> bool:

@@ -91,3 +91,25 @@ def test_a_long_value_is_cut_before_it_is_read(capsys: pytest.CaptureFixture[str
         assert value.endswith("Authorization: [REDACTED:authorization]")
     assert "pw-head-1" not in orjson.dumps(line).decode()
     assert "tail-secret-22" not in orjson.dumps(line).decode()
+
+
+def test_a_list_of_strings_is_redacted_like_any_nested_value(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A list of short strings (a decision's tool names) is read with the line's other
+    strings: plain, it is printed as it is; holding a credential, it is redacted as a nested
+    value, JSON text inside a string included."""
+    configure_logging(fmt="json")
+    log = structlog.get_logger("t")
+    log.info("llm_decided", tools=("publishAlert", "openIssue"), refused=[], model="m")
+    log.info(
+        "llm_decided",
+        tools=["publishAlert", "token=tk-77"],
+        refused=['{"password": "pw-66"}'],
+        model="m",
+    )
+    plain, secret = (orjson.loads(x) for x in capsys.readouterr().err.strip().splitlines())
+    assert (plain["tools"], plain["refused"]) == (["publishAlert", "openIssue"], [])
+    assert secret["tools"][0] == "publishAlert"
+    text = orjson.dumps(secret).decode()
+    assert "tk-77" not in text and "pw-66" not in text
