@@ -32,6 +32,8 @@ from sqlalchemy.sql import ClauseElement, Executable
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.schema import CallableColumnDefault, ScalarElementColumnDefault
 
+from app.store.connections import ConnectionLender
+
 _T = TypeVar("_T")
 MAX_COMPILED = 256
 # Connection arguments that are SQLAlchemy's own, not asyncpg's.
@@ -79,10 +81,9 @@ class DriverStatement:
 class DriverPool:
     """An asyncpg pool on the engine's database, running Core statements compiled once."""
 
-    def __init__(self, pool: asyncpg.Pool, dialect: Dialect, *, acquire_timeout: float) -> None:
-        self.pool = pool
+    def __init__(self, connections: ConnectionLender, dialect: Dialect) -> None:
+        self.connections = connections
         self.dialect = dialect
-        self.acquire_timeout = acquire_timeout
         # Statements compiled, most recently used last; bounded, as SQLAlchemy's cache is: a
         # decision's statement differs by its number of outbox rows (up to 100).
         self._compiled: OrderedDict[Executable, DriverStatement] = OrderedDict()
@@ -97,31 +98,27 @@ class DriverPool:
     ) -> DriverPool:
         """The engine's connection arguments (host or hosts, port, database, credentials,
         the URL's query such as ``ssl``), as its dialect gives them to ``asyncpg.connect``.
-        Connections are opened as they are needed (none at start) and closed after five
-        idle minutes. A statement that finds every connection busy for ``acquire_timeout``
-        seconds fails with ``TimeoutError``, as the engine's pool does after 30 s (the worker
-        retries the event in place: the database is unavailable, not the event at fault)."""
+        Up to ``size`` connections, opened as they are needed (none at start); one idle for
+        five minutes is replaced when next needed (``connections.py``). A statement that
+        finds every connection busy for ``acquire_timeout`` seconds fails with
+        ``TimeoutError``, as the engine's pool does after 30 s (the worker retries the event
+        in place: the database is unavailable, not the event at fault)."""
         args, kwargs = dialect.create_connect_args(url)
         for engine_only in _ENGINE_ONLY:
             kwargs.pop(engine_only, None)
-        pool = asyncpg.create_pool(
-            *args,
-            **kwargs,
-            min_size=0,
-            max_size=size,
-            max_inactive_connection_lifetime=300,
-            reset=_keep_session,
-        )
-        return cls(await pool, dialect, acquire_timeout=acquire_timeout)
+
+        async def connect() -> asyncpg.Connection:
+            return await asyncpg.connect(*args, **kwargs)
+
+        return cls(ConnectionLender(connect, size=size, wait_seconds=acquire_timeout), dialect)
 
     async def close(self) -> None:
-        """Waits for each connection's goodbye, which a database behind a silent network
-        never sends: callers bound it and then ``terminate``."""
-        await self.pool.close()
+        """Waits for each idle connection's goodbye (five seconds at most each)."""
+        await self.connections.close()
 
     def terminate(self) -> None:
         """Close every connection at once, without a goodbye."""
-        self.pool.terminate()
+        self.connections.terminate()
 
     def compiled(self, statement: Executable) -> DriverStatement:
         """``statement`` compiled, once per statement object: callers pass statements they
@@ -181,26 +178,35 @@ class DriverPool:
         return found
 
     async def _run(self, sql: str, work: Callable[[asyncpg.Connection], Awaitable[_T]]) -> _T:
-        """``work`` on a connection of the pool, its failures as SQLAlchemy's."""
+        """``work`` on a connection of the pool, its failures as SQLAlchemy's. The connection
+        is lent again only when the database answered (a refusal included)."""
         try:
-            async with self.pool.acquire(timeout=self.acquire_timeout) as connection:
-                try:
-                    return await work(connection)
-                except Exception as exc:
-                    if not connection.is_closed():
-                        raise
-                    # Whatever asyncpg raised (a connection terminated under a statement can
-                    # surface as its InternalClientError), a closed connection is a lost
-                    # one, as SQLAlchemy's dialect decides: the pool replaces it.
-                    raise sa_errors.OperationalError(
-                        sql,
-                        None,
-                        DriverError(exc),
-                        hide_parameters=True,
-                        connection_invalidated=True,
-                    ) from None
+            connection = await self.connections.take()
         except (asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-            raise translated(exc, sql) from None
+            raise translated(exc, sql) from None  # refused at login, say
+        usable = False
+        try:
+            answer = await work(connection)
+            usable = True
+            return answer
+        except Exception as exc:
+            if connection.is_closed():
+                # Whatever asyncpg raised (a connection terminated under a statement can
+                # surface as its InternalClientError or as the server's shutdown error), a
+                # closed connection is a lost one, as SQLAlchemy's dialect decides.
+                raise sa_errors.OperationalError(
+                    sql,
+                    None,
+                    DriverError(exc),
+                    hide_parameters=True,
+                    connection_invalidated=True,
+                ) from None
+            if isinstance(exc, asyncpg.PostgresError | asyncpg.InterfaceError):
+                usable = isinstance(exc, asyncpg.PostgresError)
+                raise translated(exc, sql) from None
+            raise
+        finally:
+            self.connections.give_back(connection, usable=usable)
 
 
 def python_default(column: Column[Any]) -> Callable[[], Any]:
@@ -216,12 +222,6 @@ def python_default(column: Column[Any]) -> Callable[[], Any]:
         call = default.arg
         return lambda: call(None)  # type: ignore[arg-type]
     raise ValueError(f"the default of {column} cannot be computed on the driver")
-
-
-async def _keep_session(connection: asyncpg.Connection) -> None:
-    """A released connection is not reset with a round trip (asyncpg's default sends
-    ``RESET ALL``, ``UNLISTEN *``... each time): these statements set no session state, take
-    no advisory lock and open no cursor. asyncpg still rolls back a transaction left open."""
 
 
 class DriverError(Exception):

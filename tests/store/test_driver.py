@@ -240,10 +240,11 @@ async def test_every_connection_busy_is_the_database_unavailable(engine: AsyncEn
     the database being unavailable (retried in place), as the engine's pool does."""
     pool = await DriverPool.open(engine.url, engine.dialect, size=1, acquire_timeout=0.2)
     try:
-        async with pool.pool.acquire():  # the only connection, held
-            with pytest.raises(TimeoutError) as waited:
-                await start_delivery(pool, fields=_fields("evt_busy"), epoch=1)
+        held = await pool.connections.take()  # the only connection
+        with pytest.raises(TimeoutError) as waited:
+            await start_delivery(pool, fields=_fields("evt_busy"), epoch=1)
         assert dependency_unavailable(waited.value)
+        pool.connections.give_back(held, usable=True)
         assert (await start_delivery(pool, fields=_fields("evt_busy"), epoch=1)).first
     finally:
         await pool.close()
@@ -258,7 +259,7 @@ async def test_the_pool_opens_no_more_connections_than_its_size(engine: AsyncEng
             *(start_delivery(pool, fields=_fields(f"evt_many_{n}"), epoch=1) for n in range(16))
         )
         assert all(answer.first for answer in answers)
-        assert pool.pool.get_size() <= 2
+        assert pool.connections.open_count <= 2
     finally:
         await pool.close()
 
