@@ -91,17 +91,25 @@ class ConnectionLender:
         """Close the idle connections with a goodbye; lent ones are terminated when they
         come back."""
         self._closed = True
+        self._fail_waiters()
         idle, self._idle = self._idle, []
         await asyncio.gather(*(_close(connection) for connection, _ in idle))
 
     def terminate(self) -> None:
         """Close every connection at once, the lent ones too, without a goodbye."""
         self._closed = True
+        self._fail_waiters()
         for connection, _ in self._idle:
             connection.terminate()
         for connection in self._lent:
             connection.terminate()
         self._idle = []
+
+    def _fail_waiters(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_exception(asyncpg.InterfaceError("the connection pool is closed"))
 
     def _hand_on(self, connection: asyncpg.Connection | None) -> bool:
         """Give the longest waiter ``connection``, or (None) the room to open one, kept
@@ -141,7 +149,7 @@ class ConnectionLender:
             async with asyncio.timeout(self.wait_seconds):
                 handed = await waiter
         except BaseException:
-            if waiter.done() and not waiter.cancelled():
+            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
                 # Handed a connection (or room) as the wait ended: to the next in line.
                 handed = waiter.result()
                 if handed is None:

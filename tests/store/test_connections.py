@@ -194,6 +194,19 @@ async def test_closing_closes_the_idle_and_terminates_the_lent_as_they_come_back
         await lender.take()
 
 
+async def test_closing_fails_the_waiters_at_once() -> None:
+    lender, _ = _lender(1, wait_seconds=30.0)
+    held = await lender.take()
+    waiting = asyncio.ensure_future(lender.take())
+    await asyncio.sleep(0.01)
+    async with asyncio.timeout(1):
+        await lender.close()
+        with pytest.raises(Exception, match="closed"):
+            await waiting
+    lender.give_back(held, usable=True)
+    assert held.terminated
+
+
 async def test_terminating_closes_the_lent_ones_too() -> None:
     lender, _ = _lender(2)
     idle, lent = await lender.take(), await lender.take()
