@@ -9,11 +9,16 @@ So this lends connections from a list: no await, no timer, no task when one is i
 
 - At most ``size`` connections, opened as they are needed (none at start).
 - A statement that finds them all busy waits in turn for one (a connection given back is
-  handed to the longest waiter); after ``wait_seconds`` it fails with ``TimeoutError``.
-- A connection comes back unusable (closed, or in a transaction) or with its statement
-  cancelled or failing on the connection itself: it is terminated, not lent again.
-- A connection idle for ``idle_seconds`` is closed when next taken, and another is used
-  (a firewall may have dropped it meanwhile; SQLAlchemy's ``pool_recycle`` does the same).
+  handed to the longest waiter). Waiting and opening a connection together take at most
+  ``wait_seconds``, then ``TimeoutError``.
+- A connection given back unusable (closed, in a transaction, or its statement failed on
+  the connection itself) is terminated, not lent again. One whose statement was cancelled
+  is lent again: asyncpg has asked the server to cancel the statement, and the next
+  statement on it waits for that first (terminating it would leave the statement running
+  on the server, and the next one opened beside it).
+- A connection idle for ``idle_seconds`` is terminated when next taken, and another is
+  used (a firewall may have dropped it meanwhile; SQLAlchemy's ``pool_recycle`` does the
+  same). Idle connections are kept until then, as the engine's pool keeps its own.
 """
 
 from __future__ import annotations
@@ -63,14 +68,15 @@ class ConnectionLender:
             if connection.is_closed():
                 continue
             if self.clock() - since >= self.idle_seconds:
-                await _close(connection)
+                connection.terminate()  # no goodbye to wait for: the statement is waiting
                 continue
             self._lent.add(connection)
             return connection
+        deadline = asyncio.get_running_loop().time() + self.wait_seconds
         if self.open_count < self.size:
             self._opening += 1
-            return await self._open_reserved()
-        return await self._wait()
+            return await self._open_reserved(deadline)
+        return await self._wait(deadline)
 
     def give_back(self, connection: asyncpg.Connection, *, usable: bool) -> None:
         """``usable``: its statement ran to an answer (a refusal by the database included)."""
@@ -125,10 +131,11 @@ class ConnectionLender:
                 return True
         return False
 
-    async def _open_reserved(self) -> asyncpg.Connection:
+    async def _open_reserved(self, deadline: float) -> asyncpg.Connection:
         """A new connection, in room already counted in ``_opening``."""
         try:
-            connection = await self.connect()
+            async with asyncio.timeout_at(deadline):
+                connection = await self.connect()
         except BaseException:
             self._opening -= 1
             self._hand_on(None)
@@ -140,13 +147,13 @@ class ConnectionLender:
         self._lent.add(connection)
         return connection
 
-    async def _wait(self) -> asyncpg.Connection:
+    async def _wait(self, deadline: float) -> asyncpg.Connection:
         waiter: asyncio.Future[asyncpg.Connection | None] = (
             asyncio.get_running_loop().create_future()
         )
         self._waiters.append(waiter)
         try:
-            async with asyncio.timeout(self.wait_seconds):
+            async with asyncio.timeout_at(deadline):
                 handed = await waiter
         except BaseException:
             if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
@@ -161,7 +168,7 @@ class ConnectionLender:
                 waiter.cancel()
             raise
         if handed is None:
-            return await self._open_reserved()
+            return await self._open_reserved(deadline)
         return handed
 
 

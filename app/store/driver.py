@@ -19,6 +19,8 @@ callables, Python-side column defaults) is refused when it is compiled.
 
 from __future__ import annotations
 
+import asyncio
+import re
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar, cast
@@ -189,6 +191,11 @@ class DriverPool:
             answer = await work(connection)
             usable = True
             return answer
+        except (asyncio.CancelledError, TimeoutError):
+            # asyncpg cancels the statement on the server; the connection's next statement
+            # waits for that (``connections.py``).
+            usable = not connection.is_closed()
+            raise
         except Exception as exc:
             if connection.is_closed():
                 # Whatever asyncpg raised (a connection terminated under a statement can
@@ -224,14 +231,24 @@ def python_default(column: Column[Any]) -> Callable[[], Any]:
     raise ValueError(f"the default of {column} cannot be computed on the driver")
 
 
+# asyncpg's message for a value it could not encode, up to where it quotes the value.
+_QUOTING_ARGUMENT = re.compile(
+    r"(invalid input for query argument \$\d+(?: in element #\d+ of executemany\(\) sequence)?):"
+)
+
+
 class DriverError(Exception):
     """asyncpg's error as its message and SQLSTATE only: its text also holds the server's
     DETAIL, which quotes the refused row's values ("Failing row contains (...)", the
     event's payload among them), and error texts reach logs and dead letters. SQLAlchemy's
-    dialect keeps the message alone too."""
+    dialect keeps the message alone too. A value asyncpg could not encode is quoted in its
+    message (``invalid input for query argument $3: 'the value...' (why)``): the message is
+    cut before it."""
 
     def __init__(self, exc: BaseException) -> None:
         message = str(exc.args[0]) if exc.args else ""
+        if (quoted := _QUOTING_ARGUMENT.match(message)) is not None:
+            message = f"{quoted[1]}: a value of the wrong type or form"
         super().__init__(f"{type(exc).__name__}: {message}")
         self.sqlstate: str | None = getattr(exc, "sqlstate", None)
 

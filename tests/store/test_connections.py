@@ -39,10 +39,11 @@ class Opener:
         self.numbers = itertools.count(1)
         self.opened: list[FakeConnection] = []
         self.fail = False
+        self.seconds = 0.0
 
     async def __call__(self) -> Any:
         failing = self.fail  # as the attempt starts
-        await asyncio.sleep(0)  # a connection takes a round trip or more
+        await asyncio.sleep(self.seconds)  # a connection takes a round trip or more
         if failing:
             raise OSError("connection refused")
         connection = FakeConnection(next(self.numbers))
@@ -147,7 +148,7 @@ async def test_a_connection_idle_too_long_is_closed_when_next_taken() -> None:
     lender.give_back(connection, usable=True)
     clock.now = 599.0
     replaced = await lender.take()
-    assert replaced is not connection and connection.closed and lender.open_count == 1
+    assert replaced is not connection and connection.terminated and lender.open_count == 1
 
 
 async def test_a_failed_open_gives_its_room_to_a_waiter() -> None:
@@ -213,3 +214,24 @@ async def test_terminating_closes_the_lent_ones_too() -> None:
     lender.give_back(idle, usable=True)
     lender.terminate()
     assert idle.terminated and lent.terminated
+
+
+async def test_waiting_and_opening_together_take_at_most_the_wait() -> None:
+    """A database behind a silent network: opening a connection is bounded by the same
+    wait, and so is a wait followed by an opening."""
+    lender, opener = _lender(1, wait_seconds=0.2)
+    opener.seconds = 60.0
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(TimeoutError):
+        await lender.take()
+    assert loop.time() - started < 1.0 and lender.open_count == 0
+    opener.seconds = 0.0
+    held = await lender.take()
+    waiting = asyncio.ensure_future(lender.take())
+    await asyncio.sleep(0.15)
+    opener.seconds = 60.0
+    lender.give_back(held, usable=False)  # room for the waiter, 0.05 s of its wait left
+    with pytest.raises(TimeoutError):
+        await waiting
+    assert loop.time() - started < 2.0 and lender.open_count == 0

@@ -115,10 +115,17 @@ async def test_a_value_the_database_refuses_is_the_events_own_failure(
         await start_delivery(driver, fields=_fields("e" * 65), epoch=1)
     assert data_refused(refused.value) and not dependency_unavailable(refused.value)
     assert "eeeeeeeeee" not in str(refused.value)  # the parameters are not in the message
-    # A value asyncpg cannot even encode for the column's type (client side).
+    # A value asyncpg cannot even encode for the column's type (client side): its message
+    # quotes the value, which is not kept.
     with pytest.raises(sa_errors.DataError) as unencodable:
-        await start_delivery(driver, fields=_fields("evt_x", received_at="not a time"))
+        await start_delivery(driver, fields=_fields("evt_x", received_at="secret-not-a-time"))
     assert data_refused(unencodable.value)
+    assert "secret" not in str(unencodable.value) and "query argument $" in str(unencodable.value)
+    rows = [_call(f"llm_bad_{n}") for n in range(2)]
+    rows[1]["attempt"] = "secret-not-a-number"
+    with pytest.raises(sa_errors.DataError) as in_many:
+        await driver.insert_many(LLM_CALLS, rows)
+    assert "secret" not in str(in_many.value) and "element #1" in str(in_many.value)
 
 
 async def test_terminated_connections_are_the_database_unavailable_then_replaced(
@@ -264,6 +271,15 @@ async def test_the_pool_opens_no_more_connections_than_its_size(engine: AsyncEng
         await pool.close()
 
 
+def _call(call_id: str) -> dict[str, Any]:
+    """An audit row as written before its call (the database or defaults fill the rest)."""
+    return {"id": call_id, "event_id": "evt_d", "pipeline": "triage", "model": "m"} | {
+        "attempt": 1,
+        "status": "unknown",
+        "latency_ms": 0.0,
+    }
+
+
 async def test_rows_inserted_on_the_driver_get_the_same_defaults_as_through_sqlalchemy(
     engine: AsyncEngine, driver: DriverPool
 ) -> None:
@@ -304,3 +320,32 @@ def test_a_default_the_driver_cannot_compute_is_refused() -> None:
         python_default(table.c.seen)
     with pytest.raises(ValueError, match="at"):
         python_default(table.c.at)
+
+
+async def test_a_cancelled_statement_is_cancelled_on_the_server_and_its_connection_kept(
+    engine: AsyncEngine, driver: DriverPool
+) -> None:
+    """A statement cancelled while it waits (on a row lock, here) is cancelled on the
+    server too: it does not run once the lock goes, and no connection is opened beside it
+    (a terminated connection left it running on the server: all three ran)."""
+    await start_delivery(driver, fields=_fields("evt_locked"), epoch=1)
+    bump = (
+        update(EVENTS)
+        .where(EVENTS.c.id == bindparam("event_id"))
+        .values(replays=EVENTS.c.replays + 1)
+    )
+    async with engine.connect() as holder:
+        await holder.execute(bump, {"event_id": "evt_locked"})  # holds the row lock
+        for _ in range(3):
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(0.2):
+                    await driver.fetchrow(bump, {"event_id": "evt_locked"})
+        assert driver.connections.open_count == 1
+        await asyncio.sleep(0.5)  # a cancel request reaches the server on its own connection
+        await holder.rollback()
+    await driver.fetchrow(bump, {"event_id": "evt_locked"})  # on the same connection
+    async with engine.connect() as connection:
+        replays = await connection.scalar(
+            select(EVENTS.c.replays).where(EVENTS.c.id == "evt_locked")
+        )
+    assert replays == 1 and driver.connections.open_count == 1
