@@ -141,6 +141,27 @@ class DriverPool:
             statement.sql, lambda connection: connection.fetchrow(statement.sql, *arguments)
         )
 
+    async def fetchrow_locked(
+        self,
+        lock: Executable,
+        lock_params: Mapping[str, Any],
+        core: Executable,
+        params: Mapping[str, Any],
+    ) -> asyncpg.Record | None:
+        """``lock`` (a ``SELECT ... FOR UPDATE``), then ``core``, in one transaction: ``core``
+        reads what was committed before the locks were granted (READ COMMITTED takes a
+        snapshot per statement), which one statement taking both could not."""
+        first, statement = self.compiled(lock), self.compiled(core)
+        first_arguments = first.arguments(lock_params)
+        arguments = statement.arguments(params)
+
+        async def locked(connection: asyncpg.Connection) -> asyncpg.Record | None:
+            async with connection.transaction():
+                await connection.execute(first.sql, *first_arguments)
+                return await connection.fetchrow(statement.sql, *arguments)
+
+        return await self._run(statement.sql, locked)
+
     async def insert_many(self, table: Table, rows: Sequence[Mapping[str, Any]]) -> None:
         """Insert ``rows`` (each naming the same columns) with one ``executemany``: one
         round trip, and atomic (asyncpg runs it in a transaction of its own), so a refused

@@ -9,6 +9,12 @@ being marked count as published by their ids; an event finished ``published`` by
 round is not also made ``held`` (in the transaction the second UPDATE found it published
 already). What it answers is what the transaction's statements answered: the finished
 events' ``received_at`` times and how many events became ``held``.
+
+Before it, in the same transaction, the round's events are locked (in id order, so two
+relays never deadlock on them): two relays publishing the last rows of one event (its
+tool calls in groups of different relay slots) would otherwise each read the other's row
+as unpublished, and neither would finish the event. The second to get the locks reads
+what the first committed. (The transaction of statements had the same race.)
 """
 
 from __future__ import annotations
@@ -22,6 +28,9 @@ from app.events import EventStatus
 from app.store.driver import DriverPool
 from app.store.models import OutboxStatus, utcnow
 
+LOCK_EVENTS = text(
+    "SELECT id FROM events WHERE id = ANY(CAST(:event_ids AS VARCHAR[])) ORDER BY id FOR UPDATE"
+)
 MARK_AND_FINISH = text(
     """
 WITH given AS (
@@ -88,7 +97,9 @@ async def mark_and_finish(
     """Mark ``published`` ((row id, SNS message id, sequence number) each) and finish the
     ``events`` ((event id, generation) each) they leave with nothing to publish; the
     finished events' ``received_at`` times and how many became ``held``."""
-    row = await driver.fetchrow(
+    row = await driver.fetchrow_locked(
+        LOCK_EVENTS,
+        {"event_ids": sorted({event_id for event_id, _ in events})},
         MARK_AND_FINISH,
         {
             "row_ids": [row_id for row_id, _, _ in published],

@@ -4,6 +4,7 @@ statements through SQLAlchemy that the relay runs elsewhere."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -170,3 +171,64 @@ async def test_the_round_write_on_the_driver_is_the_transactions(engine: AsyncEn
     assert len(finished_dr) == 4 and held_dr == 1
     assert by_driver["rows"]["all/0/1"] == ("published", "mid-all-0-1", "1", 1, True)
     assert by_driver["rows"]["half/0/1"][0] == "pending"
+
+
+async def test_two_relays_publishing_the_last_rows_of_one_event_finish_it(
+    engine: AsyncEngine,
+) -> None:
+    """An event whose two tool calls went to groups of different relay slots: two relays
+    mark its last rows at the same moment. Each one alone sees the other's row unpublished;
+    the event must still end ``published`` (finished once), not stay ``processing``."""
+    sessions = session_factory(engine)
+    driver = await DriverPool.open(engine.url, engine.dialect, size=2)
+    async with sessions() as session:
+        session.add(
+            EventRow(
+                id="pair",
+                source="github",
+                type="issues.opened",
+                group_key="pair",
+                delivery_id="pair",
+                pipeline="triage",
+                status="processing",
+                payload={},
+                received_at=datetime(2026, 12, 1, 8, 0, tzinfo=UTC),
+                deliveries=1,
+            )
+        )
+        await session.flush()
+        rows = [
+            OutboxRow(
+                event_id="pair",
+                source="github",
+                seq=seq,
+                llm_call_id="llm_x",
+                tool="publishAlert",
+                topic_arn=TOPIC,
+                group_id=f"group-{seq}",
+                dedup_id=f"pair-{seq}",
+                body="{}",
+            )
+            for seq in range(2)
+        ]
+        session.add_all(rows)
+        await session.commit()
+        ids = [row.id for row in rows]
+    try:
+        # Someone holds the event's row (a worker's write, say) while both relays arrive.
+        async with engine.connect() as holder:
+            await holder.execute(select(EventRow.id).where(EventRow.id == "pair").with_for_update())
+            relays = [
+                asyncio.ensure_future(
+                    mark_and_finish(driver, [(row_id, f"mid-{row_id}", None)], [("pair", 0)])
+                )
+                for row_id in ids
+            ]
+            await asyncio.sleep(0.3)
+            await holder.rollback()
+        answers = await asyncio.gather(*relays)
+    finally:
+        await driver.close()
+    assert sorted(len(finished) for finished, _ in answers) == [0, 1]
+    state = await _state(engine, "")
+    assert state["events"]["pair"] == ("published", None)
