@@ -52,7 +52,7 @@ class ConnectionLender:
         self._idle: list[tuple[asyncpg.Connection, float]] = []
         self._lent: set[asyncpg.Connection] = set()
         self._opening = 0
-        self._waiters: deque[asyncio.Future[asyncpg.Connection]] = deque()
+        self._waiters: deque[asyncio.Future[asyncpg.Connection | None]] = deque()
         self._closed = False
 
     @property
