@@ -253,10 +253,10 @@ class OutboxRelay:
     async def _mark_published(
         self, published: list[tuple[OutboxRow, Published]], *, outcome: str
     ) -> None:
-        """Mark a round's published rows and finish their events: one statement on the
-        driver's pool (PostgreSQL, ``app/store/published.py``), else one transaction of three
-        statements whatever the round's size (a fourth when some events are left with only
-        held calls: they become ``held``)."""
+        """Mark a round's published rows and finish their events: on PostgreSQL, the events
+        locked and then one statement, on the driver (``app/store/published.py``); else one
+        transaction of three statements whatever the round's size (a fourth when some events
+        are left with only held calls: they become ``held``)."""
         if not published:
             return
         finished, held = await self._write_round(published)

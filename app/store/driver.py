@@ -115,7 +115,8 @@ class DriverPool:
         return cls(ConnectionLender(connect, size=size, wait_seconds=acquire_timeout), dialect)
 
     async def close(self) -> None:
-        """Waits for each idle connection's goodbye (five seconds at most each)."""
+        """Waits for the idle connections' goodbyes (five seconds at most); the lent ones are
+        terminated as they come back."""
         await self.connections.close()
 
     def terminate(self) -> None:

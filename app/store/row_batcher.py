@@ -6,9 +6,8 @@ independent, and the events of one read reach their calls together: the rows ask
 during one turn of the event loop (``app/turns.py``) are inserted by one ``executemany``
 (on PostgreSQL on an autocommit connection, or straight on the driver's pool when given,
 ``driver.py``: one round trip), and each caller goes on once that statement has committed,
-as it would after its own. A failure fails every row of that
-statement, none of them stands, and each caller sees the error, as alone; nothing is
-retried here.
+as it would after its own. A failure fails every row of that statement, none of them
+stands, and each caller sees the error, as alone; nothing is retried here.
 """
 
 from __future__ import annotations

@@ -28,7 +28,6 @@ from sqlalchemy import exc as sa_errors
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.faults import data_refused, dependency_unavailable
-from app.store.db import create_engine
 from app.store.driver import MAX_COMPILED, DriverPool, DriverStatement, python_default
 from app.store.models import EventRow
 from app.store.repository import EVENTS, LLM_CALLS, Delivery, start_delivery
@@ -38,12 +37,8 @@ PAYLOAD = {"action": "opened", "issue": {"title": "héllo \u2028 \\u0000", "n": 
 
 
 @pytest.fixture
-async def engine(url: str) -> AsyncIterator[AsyncEngine]:
-    if not url.startswith("postgresql"):
-        pytest.skip("the driver's pool is PostgreSQL's")
-    made = create_engine(url)
-    yield made
-    await made.dispose()
+def engine(pg_engine: AsyncEngine) -> AsyncEngine:
+    return pg_engine
 
 
 @pytest.fixture

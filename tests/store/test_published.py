@@ -5,7 +5,6 @@ statements through SQLAlchemy that the relay runs elsewhere."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -13,11 +12,13 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
-from app.store.db import create_engine, session_factory
+from app.store.db import session_factory
 from app.store.driver import DriverPool
 from app.store.models import EventRow, OutboxRow
 from app.store.published import mark_and_finish
 from app.store.repository import EventRepository, OutboxRepository
+from tests.publish.support import add_event
+from tests.store.rows import event_fields
 
 TOPIC = "arn:aws:sns:us-east-1:123456789012:alerts.fifo"
 # Each event: its status, then its rows as (generation, seq, status, has a topic, in the
@@ -49,12 +50,8 @@ ROUND_EVENTS = [
 
 
 @pytest.fixture
-async def engine(url: str) -> AsyncIterator[AsyncEngine]:
-    if not url.startswith("postgresql"):
-        pytest.skip("the driver's pool is PostgreSQL's")
-    made = create_engine(url)
-    yield made
-    await made.dispose()
+def engine(pg_engine: AsyncEngine) -> AsyncEngine:
+    return pg_engine
 
 
 async def _stored(sessions: async_sessionmaker[AsyncSession], prefix: str) -> dict[str, int]:
@@ -64,20 +61,10 @@ async def _stored(sessions: async_sessionmaker[AsyncSession], prefix: str) -> di
     async with sessions() as session:
         for n, (name, (status, outbox)) in enumerate(EVENTS.items()):
             event_id = f"{prefix}{name}"
-            session.add(
-                EventRow(
-                    id=event_id,
-                    source="github",
-                    type="issues.opened",
-                    group_key=name,
-                    delivery_id=event_id,
-                    pipeline="triage",
-                    status=status,
-                    payload={},
-                    received_at=received + timedelta(minutes=n),
-                    deliveries=1,
-                )
+            fields = event_fields(
+                event_id, group_key=name, received_at=received + timedelta(minutes=n)
             )
+            session.add(EventRow(**fields, status=status, deliveries=1))
             await session.flush()
             for generation, seq, row_status, topic, _ in outbox:
                 row = OutboxRow(
@@ -176,48 +163,22 @@ async def test_the_round_write_on_the_driver_is_the_transactions(engine: AsyncEn
 async def test_two_relays_publishing_the_last_rows_of_one_event_finish_it(
     engine: AsyncEngine,
 ) -> None:
-    """An event whose two tool calls went to groups of different relay slots: two relays
-    mark its last rows at the same moment. Each one alone sees the other's row unpublished;
-    the event must still end ``published`` (finished once), not stay ``processing``."""
+    """An event whose two tool calls went to groups of different relay slots (the write
+    reads no group: the rows here share one): two relays mark its last rows at the same
+    moment. Each one alone sees the other's row unpublished; the event must still end
+    ``published`` (finished once), not stay ``processing``."""
     sessions = session_factory(engine)
     driver = await DriverPool.open(engine.url, engine.dialect, size=2)
+    await add_event(sessions, "pair", "acme/pair", 2, TOPIC)
     async with sessions() as session:
-        session.add(
-            EventRow(
-                id="pair",
-                source="github",
-                type="issues.opened",
-                group_key="pair",
-                delivery_id="pair",
-                pipeline="triage",
-                status="processing",
-                payload={},
-                received_at=datetime(2026, 12, 1, 8, 0, tzinfo=UTC),
-                deliveries=1,
-            )
-        )
-        await session.flush()
-        rows = [
-            OutboxRow(
-                event_id="pair",
-                source="github",
-                seq=seq,
-                llm_call_id="llm_x",
-                tool="publishAlert",
-                topic_arn=TOPIC,
-                group_id=f"group-{seq}",
-                dedup_id=f"pair-{seq}",
-                body="{}",
-            )
-            for seq in range(2)
-        ]
-        session.add_all(rows)
-        await session.commit()
-        ids = [row.id for row in rows]
+        ids = list(await session.scalars(select(OutboxRow.id).order_by(OutboxRow.id)))
     try:
-        # Someone holds the event's row (a worker's write, say) while both relays arrive.
+        # Someone holds the event's rows in the outbox (a worker storing a replay, say)
+        # as both relays arrive: both statements start, then wait to mark their rows.
         async with engine.connect() as holder:
-            await holder.execute(select(EventRow.id).where(EventRow.id == "pair").with_for_update())
+            await holder.execute(
+                select(OutboxRow.id).where(OutboxRow.event_id == "pair").with_for_update()
+            )
             relays = [
                 asyncio.ensure_future(
                     mark_and_finish(driver, [(row_id, f"mid-{row_id}", None)], [("pair", 0)])
