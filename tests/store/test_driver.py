@@ -31,7 +31,7 @@ from app.faults import data_refused, dependency_unavailable
 from app.store.driver import MAX_COMPILED, DriverPool, DriverStatement, python_default
 from app.store.models import EventRow
 from app.store.repository import EVENTS, LLM_CALLS, Delivery, start_delivery
-from tests.store.rows import event_fields
+from tests.store.rows import call_fields, event_fields
 
 PAYLOAD = {"action": "opened", "issue": {"title": "héllo \u2028 \\u0000", "n": 2**40}}
 
@@ -116,7 +116,7 @@ async def test_a_value_the_database_refuses_is_the_events_own_failure(
         await start_delivery(driver, fields=_fields("evt_x", received_at="secret-not-a-time"))
     assert data_refused(unencodable.value)
     assert "secret" not in str(unencodable.value) and "query argument $" in str(unencodable.value)
-    rows = [_call(f"llm_bad_{n}") for n in range(2)]
+    rows = [call_fields(f"llm_bad_{n}") for n in range(2)]
     rows[1]["attempt"] = "secret-not-a-number"
     with pytest.raises(sa_errors.DataError) as in_many:
         await driver.insert_many(LLM_CALLS, rows)
@@ -266,25 +266,14 @@ async def test_the_pool_opens_no_more_connections_than_its_size(engine: AsyncEng
         await pool.close()
 
 
-def _call(call_id: str) -> dict[str, Any]:
-    """An audit row as written before its call (the database or defaults fill the rest)."""
-    return {"id": call_id, "event_id": "evt_d", "pipeline": "triage", "model": "m"} | {
-        "attempt": 1,
-        "status": "unknown",
-        "latency_ms": 0.0,
-    }
-
-
 async def test_rows_inserted_on_the_driver_get_the_same_defaults_as_through_sqlalchemy(
     engine: AsyncEngine, driver: DriverPool
 ) -> None:
     """A column the rows leave out gets its Python-side default (a scalar, a callable's
     value now) or the database's, as through SQLAlchemy; the rows go in together."""
-    given = {"event_id": "evt_d", "pipeline": "triage", "model": "m", "attempt": 1}
-    given |= {"status": "unknown", "latency_ms": 0.0}
     async with engine.begin() as connection:
-        await connection.execute(insert(LLM_CALLS), [{"id": "llm_engine"} | given])
-    await driver.insert_many(LLM_CALLS, [{"id": f"llm_driver_{n}"} | given for n in range(3)])
+        await connection.execute(insert(LLM_CALLS), [call_fields("llm_engine")])
+    await driver.insert_many(LLM_CALLS, [call_fields(f"llm_driver_{n}") for n in range(3)])
     async with engine.connect() as connection:
         rows = {
             row.id: row._asdict()

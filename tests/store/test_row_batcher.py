@@ -16,9 +16,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.store.db import create_engine
 from app.store.driver import DriverPool
-from app.store.models import LlmCallRow, LlmCallStatus
+from app.store.models import LlmCallRow
 from app.store.repository import LLM_CALLS
 from app.store.row_batcher import RowBatcher
+from tests.store.rows import call_fields
 
 
 @pytest.fixture
@@ -43,17 +44,7 @@ async def batcher(request: pytest.FixtureRequest, engine: AsyncEngine) -> AsyncI
 
 
 def _row(call_id: str, **more: Any) -> dict[str, Any]:
-    return {
-        "id": call_id,
-        "event_id": "evt_1",
-        "pipeline": "triage",
-        "model": "claude-sonnet-4-6",
-        "attempt": 1,
-        "status": LlmCallStatus.UNKNOWN,
-        "latency_ms": 0.0,
-        "tool_calls": [],
-        "cost_usd": 0.0,
-    } | more
+    return call_fields(call_id, tool_calls=[], cost_usd=0.0, **more)
 
 
 def _count_statements(engine: AsyncEngine, batcher: RowBatcher) -> list[Any]:
