@@ -37,7 +37,7 @@ from app.store.dead_letters import DeadLetters
 from app.store.driver import DriverPool
 from app.store.models import OutboxRow, slot_of
 from app.store.published import mark_and_finish
-from app.store.repository import EventRepository, OutboxRepository
+from app.store.repository import EventRepository, OutboxRepository, pending_on_driver
 
 log = structlog.get_logger(__name__)
 BATCH_ENTRIES = 10
@@ -71,7 +71,8 @@ class OutboxRelay:
         self.sessions = sessions
         # The fetch of pending rows is one read: on autocommit sessions when given.
         self.reads = reads or sessions
-        # The write after each round, on PostgreSQL (None: through ``sessions``).
+        # The fetch and the write after each round, on PostgreSQL (None: through
+        # ``reads`` and ``sessions``).
         self.driver = driver
         self.publisher = publisher
         self.lease = lease
@@ -128,13 +129,23 @@ class OutboxRelay:
         if not await self._holds_lease():
             return 0
         now = self.clock()
-        async with self.reads() as session:
-            rows = await OutboxRepository(session).pending(
+        skip_groups, slots = self._in_backoff(now), self._slots()
+        if self.driver is not None:
+            rows = await pending_on_driver(
+                self.driver,
                 limit=self.fetch_size,
                 per_group=self.rows_per_group,
-                skip_groups=self._in_backoff(now),
-                slots=self._slots(),
+                skip_groups=skip_groups,
+                slots=slots,
             )
+        else:
+            async with self.reads() as session:
+                rows = await OutboxRepository(session).pending(
+                    limit=self.fetch_size,
+                    per_group=self.rows_per_group,
+                    skip_groups=skip_groups,
+                    slots=slots,
+                )
         groups: OrderedDict[str, list[OutboxRow]] = OrderedDict()
         for row in rows:
             # Only needed for groups past ``max_skipped_groups`` that the fetch could not skip.

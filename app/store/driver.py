@@ -142,6 +142,13 @@ class DriverPool:
             statement.sql, lambda connection: connection.fetchrow(statement.sql, *arguments)
         )
 
+    async def fetch(self, core: Executable, params: Mapping[str, Any]) -> list[asyncpg.Record]:
+        statement = self.compiled(core)
+        arguments = statement.arguments(params)
+        return await self._run(
+            statement.sql, lambda connection: connection.fetch(statement.sql, *arguments)
+        )
+
     async def fetchrow_locked(
         self,
         lock: Executable,
