@@ -1,6 +1,5 @@
-"""ASGI factories for ``uvicorn --factory``: the gateway's ingest role, and the bare baseline.
-
-Both are served by the same uvicorn settings, so the ratio measures the gateway's own work.
+"""The bare baseline of ``bench.ingest``, for ``uvicorn --factory``: served with the same loop
+and HTTP parser as ``eventgate api``, so the ratio measures the gateway's own work.
 """
 
 from __future__ import annotations
@@ -23,10 +22,3 @@ def bare_app() -> FastAPI:
         return {"status": "ok"}
 
     return app
-
-
-def gateway_api() -> FastAPI:
-    """What ``eventgate api`` serves, configured from the environment."""
-    from app.main import create_app
-
-    return create_app(role="api")

@@ -79,7 +79,9 @@ class ConnectionLender:
         return await self._wait(deadline)
 
     def give_back(self, connection: asyncpg.Connection, *, usable: bool) -> None:
-        """``usable``: its statement ran to an answer (a refusal by the database included)."""
+        """``usable``: the connection may run another statement: its statement ran to an
+        answer (a refusal by the database included), or was cancelled (asyncpg has the
+        server cancel it before the connection's next statement)."""
         self._lent.discard(connection)
         if (
             self._closed
