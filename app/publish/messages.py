@@ -18,7 +18,7 @@ from app.events import WINDOW_SOURCE, Event
 from app.observability.metrics import GROUP_ID_DISAGREEMENTS
 from app.publish.ids import deduplication_id, resolve_group_id
 from app.publish.sns import OutgoingMessage
-from app.store.models import OutboxRow, slot_of
+from app.store.models import OutboxRow, PendingRow, slot_of
 
 
 def outbox_row(
@@ -62,7 +62,7 @@ def outbox_row(
     )
 
 
-def outgoing(row: OutboxRow) -> OutgoingMessage:
+def outgoing(row: PendingRow) -> OutgoingMessage:
     """The SNS message of a stored row, as it is sent (and sent again after a crash)."""
     assert row.topic_arn is not None
     return OutgoingMessage(

@@ -35,7 +35,7 @@ from app.publish.messages import outgoing
 from app.publish.sns import Published, Publisher, PublishError
 from app.store.dead_letters import DeadLetters
 from app.store.driver import DriverPool
-from app.store.models import OutboxRow, slot_of
+from app.store.models import PendingRow, slot_of
 from app.store.published import mark_and_finish
 from app.store.repository import EventRepository, OutboxRepository, pending_on_driver
 
@@ -146,7 +146,7 @@ class OutboxRelay:
                     skip_groups=skip_groups,
                     slots=slots,
                 )
-        groups: OrderedDict[str, list[OutboxRow]] = OrderedDict()
+        groups: OrderedDict[str, list[PendingRow]] = OrderedDict()
         for row in rows:
             # Only needed for groups past ``max_skipped_groups`` that the fetch could not skip.
             if self._backoff.get(row.group_id, (0, 0.0))[1] <= now:
@@ -180,7 +180,7 @@ class OutboxRelay:
             waiting = heapq.nlargest(self.max_skipped_groups, waiting)
         return [group for _, group in waiting]
 
-    async def _publish_heads(self, heads: Sequence[OutboxRow]) -> dict[int, bool]:
+    async def _publish_heads(self, heads: Sequence[PendingRow]) -> dict[int, bool]:
         """Publish one row per group; True for rows that are settled."""
         remembered = (
             await self.memory.recall_many([r.dedup_id for r in heads])
@@ -192,7 +192,7 @@ class OutboxRelay:
             for row, mid in zip(heads, remembered, strict=True)
             if mid is not None
         ]
-        by_topic: dict[str, list[OutboxRow]] = {}
+        by_topic: dict[str, list[PendingRow]] = {}
         for row, mid in zip(heads, remembered, strict=True):
             if mid is None:
                 assert row.topic_arn is not None
@@ -200,7 +200,7 @@ class OutboxRelay:
         batches = [batch for rows in by_topic.values() for batch in _batches(rows)]
         replies = await asyncio.gather(*(self._send(batch) for batch in batches))
         settled = {row.id: True for row, _ in done}
-        fresh: list[tuple[OutboxRow, Published]] = []
+        fresh: list[tuple[PendingRow, Published]] = []
         for batch, results in zip(batches, replies, strict=True):
             for row, result in zip(batch, results, strict=True):
                 if isinstance(result, Published):
@@ -213,7 +213,7 @@ class OutboxRelay:
         await self._mark_published(fresh, outcome="published")
         return settled
 
-    async def _send(self, batch: list[OutboxRow]) -> list[Published | PublishError]:
+    async def _send(self, batch: list[PendingRow]) -> list[Published | PublishError]:
         """One result per row. A batch SNS refuses as a whole is sent again entry by entry
         when the refusal is permanent: one bad entry must not dead-letter the heads of up to
         nine other groups. A transient refusal is every row's (each group waits)."""
@@ -227,7 +227,7 @@ class OutboxRelay:
         alone = await asyncio.gather(*(self._send([row]) for row in batch))
         return [result for (result,) in alone]
 
-    async def _publish(self, batch: list[OutboxRow]) -> list[Published | PublishError]:
+    async def _publish(self, batch: list[PendingRow]) -> list[Published | PublishError]:
         """A publish must be answered while this relay counts on its lease: past that, the
         next holder may have published the group's later rows, and a late send of this row
         would arrive after them. That time starts once the publish has a batch slot, on a
@@ -262,7 +262,7 @@ class OutboxRelay:
         return results
 
     async def _mark_published(
-        self, published: list[tuple[OutboxRow, Published]], *, outcome: str
+        self, published: list[tuple[PendingRow, Published]], *, outcome: str
     ) -> None:
         """Mark a round's published rows and finish their events: on PostgreSQL, the events
         locked and then one statement, on the driver (``app/store/published.py``); else one
@@ -291,7 +291,7 @@ class OutboxRelay:
             )
 
     async def _write_round(
-        self, published: list[tuple[OutboxRow, Published]]
+        self, published: list[tuple[PendingRow, Published]]
     ) -> tuple[list[datetime], int]:
         """Mark the rows published and finish their events; the finished events'
         ``received_at`` times and how many became ``held``."""
@@ -309,7 +309,7 @@ class OutboxRelay:
             await session.commit()
         return finished, held
 
-    async def _failed(self, row: OutboxRow, exc: PublishError) -> None:
+    async def _failed(self, row: PendingRow, exc: PublishError) -> None:
         topic = (row.topic_arn or "").rsplit(":", 1)[-1]
         PUBLISHED.labels(topic=topic, outcome="retry" if exc.retryable else "dead").inc()
         async with self.sessions() as session:
@@ -337,9 +337,9 @@ class OutboxRelay:
             log.error("publish_dead_lettered", event_id=row.event_id, code=exc.code)
 
 
-def _batches(rows: list[OutboxRow]) -> Iterator[list[OutboxRow]]:
+def _batches(rows: list[PendingRow]) -> Iterator[list[PendingRow]]:
     """Chunks of ≤10 entries and ≤256 KiB of message bodies and attributes."""
-    batch: list[OutboxRow] = []
+    batch: list[PendingRow] = []
     size = 0
     for row in rows:
         row_size = len(row.body.encode()) + 200  # attributes and ids, generously

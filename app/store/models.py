@@ -7,6 +7,7 @@ event lives only in its Redis stream (status ``queued``).
 from __future__ import annotations
 
 import zlib
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -330,6 +331,33 @@ class OutboxRow(Base):
     sns_sequence_number: Mapped[str | None] = mapped_column(String(200), default=None)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     published_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), default=None)
+
+
+@dataclass(slots=True)
+class PendingRow:
+    """An outbox row as the relay's fetch returns it: the columns' values in the table's
+    order (``PendingRow(*row)``), without ORM state. The relay only reads them, and building
+    an ``OutboxRow`` per fetched row took 18 µs, more than the fetch of 500 rows itself."""
+
+    id: int
+    event_id: str
+    source: str
+    seq: int
+    generation: int
+    llm_call_id: str
+    tool: str
+    topic_arn: str | None
+    group_id: str
+    relay_slot: int | None
+    dedup_id: str
+    body: str
+    status: str
+    attempts: int
+    last_error: str | None
+    sns_message_id: str | None
+    sns_sequence_number: str | None
+    created_at: datetime
+    published_at: datetime | None
 
 
 class DeadLetterRow(Base):

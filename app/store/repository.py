@@ -34,6 +34,7 @@ from app.store.models import (
     LlmCallRow,
     OutboxRow,
     OutboxStatus,
+    PendingRow,
     slot_of,
     utcnow,
 )
@@ -139,9 +140,9 @@ def _pending(*, skipping: bool, sliced: bool, arrays: bool = False) -> Any:
     """The relay's fetch (``OutboxRepository.pending``), built once: the relay runs it every
     poll, and building it per call cost more CPU than running it.
 
-    ``arrays``: the lists as PostgreSQL arrays (``<> ALL``, ``= ANY``) rather than IN lists
-    that SQLAlchemy renders per call, and the table's columns rather than the ORM entity: the
-    form the driver's pool runs (``pending_on_driver``)."""
+    It selects the table's columns, in its order (``PendingRow``). ``arrays``: the lists as
+    PostgreSQL arrays (``<> ALL``, ``= ANY``) rather than IN lists that SQLAlchemy renders per
+    call: the form the driver's pool runs (``pending_on_driver``)."""
     conditions = [OUTBOX.c.status == OutboxStatus.PENDING, OUTBOX.c.topic_arn.is_not(None)]
     if skipping:
         conditions.append(
@@ -177,15 +178,9 @@ def _pending(*, skipping: bool, sliced: bool, arrays: bool = False) -> Any:
         .limit(bindparam("limit"))
         .subquery()
     )
-    if arrays:
-        return (
-            select(*OUTBOX.c)
-            .join_from(OUTBOX, chosen, OUTBOX.c.id == chosen.c.id)
-            .order_by(chosen.c.rank, chosen.c.id)
-        )
     return (
-        select(OutboxRow)
-        .join(chosen, OutboxRow.id == chosen.c.id)
+        select(*OUTBOX.c)
+        .join_from(OUTBOX, chosen, OUTBOX.c.id == chosen.c.id)
         .order_by(chosen.c.rank, chosen.c.id)
     )
 
@@ -214,7 +209,7 @@ def _pending_params(
     return params
 
 
-def _in_slots(rows: Sequence[OutboxRow], slots: Collection[int] | None) -> list[OutboxRow]:
+def _in_slots(rows: Sequence[PendingRow], slots: Collection[int] | None) -> list[PendingRow]:
     """A fetched row without a slot is kept when its group's computed slot is one of
     ``slots`` (the statement keeps every row without one)."""
     if slots is None:
@@ -229,14 +224,14 @@ async def pending_on_driver(
     per_group: int,
     skip_groups: Sequence[str] = (),
     slots: Collection[int] | None = None,
-) -> list[OutboxRow]:
+) -> list[PendingRow]:
     """``OutboxRepository.pending`` on the driver's pool (PostgreSQL): the same rows in the
     same order, without a session (which cost more CPU than the statement, on every poll of
-    an idle relay too). The rows are detached objects, only read by the relay."""
+    an idle relay too)."""
     statement = PENDING_ARRAYS[(bool(skip_groups), slots is not None)]
     params = _pending_params(limit=limit, per_group=per_group, skip_groups=skip_groups, slots=slots)
     records = await driver.fetch(statement, params)
-    return _in_slots([OutboxRow(**dict(record.items())) for record in records], slots)
+    return _in_slots([PendingRow(*record) for record in records], slots)
 
 
 COMPLETE_LLM_CALL = (
@@ -421,7 +416,7 @@ class OutboxRepository:
         per_group: int,
         skip_groups: Sequence[str] = (),
         slots: Collection[int] | None = None,
-    ) -> list[OutboxRow]:
+    ) -> list[PendingRow]:
         """The first ``per_group`` pending rows of each group not in ``skip_groups``: every
         group's head (its oldest pending row) before any group's second row, oldest first,
         at most ``limit`` rows. Rows without a topic wait for configuration and are left out.
@@ -440,7 +435,8 @@ class OutboxRepository:
             limit=limit, per_group=per_group, skip_groups=skip_groups, slots=slots
         )
         statement = PENDING[(bool(skip_groups), slots is not None)]
-        return _in_slots((await self.session.scalars(statement, params)).all(), slots)
+        rows = (await self.session.execute(statement, params)).all()
+        return _in_slots([PendingRow(*row) for row in rows], slots)
 
     async def mark_published(self, published: Sequence[tuple[int, str, str | None]]) -> None:
         """(row id, SNS message id, sequence number) for each row: one executemany."""

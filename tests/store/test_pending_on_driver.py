@@ -1,12 +1,14 @@
 """The relay's fetch on the driver's pool (``pending_on_driver``) returns what the session's
 fetch (``OutboxRepository.pending``) returns: the same rows, every column, in the same
 order, for every mix of limit, rows per group, groups skipped and relay slots, on an outbox
-with published, dead and held rows and rows written without a slot."""
+with published, dead and held rows and rows written without a slot; and each column's
+value is the one the ORM reads from the table."""
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Collection, Sequence
+from dataclasses import fields
 from typing import Any
 
 from sqlalchemy import inspect, select, update
@@ -14,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.store.db import session_factory
 from app.store.driver import DriverPool
-from app.store.models import RELAY_SLOTS, OutboxRow, slot_of
+from app.store.models import RELAY_SLOTS, OutboxRow, PendingRow, slot_of
 from app.store.repository import OutboxRepository, pending_on_driver
 from tests.publish.support import Sessions, add_event
 
@@ -22,8 +24,15 @@ TOPIC = "arn:aws:sns:us-east-1:123456789012:alerts.fifo"
 GROUPS = [f"acme/repo-{n}" for n in range(6)]
 
 
-def _columns(row: OutboxRow) -> tuple[Any, ...]:
+def _columns(row: PendingRow) -> tuple[Any, ...]:
     return tuple(getattr(row, attr.key) for attr in inspect(OutboxRow).column_attrs)
+
+
+def test_a_fetched_row_has_the_outbox_columns_in_the_tables_order() -> None:
+    """Both fetches build ``PendingRow(*row)`` from the table's columns: a column added to
+    the table, or moved, must be added or moved here too, else values would land in the
+    wrong fields."""
+    assert [f.name for f in fields(PendingRow)] == [c.name for c in OutboxRow.__table__.columns]
 
 
 async def _outbox(sessions: Sessions) -> None:
@@ -84,3 +93,13 @@ async def test_the_driver_fetches_what_the_session_fetches(pg_engine: AsyncEngin
     finally:
         await driver.close()
     assert compared > 50  # most combinations fetch something: the comparison is not empty
+    async with sessions() as session:
+        fetched = await OutboxRepository(session).pending(limit=1000, per_group=100)
+        stored = {row.id: row for row in every}
+    assert len(fetched) == sum(
+        row.status == "pending" and row.topic_arn is not None for row in every
+    )
+    assert [_columns(row) for row in fetched] == [
+        tuple(getattr(stored[row.id], attr.key) for attr in inspect(OutboxRow).column_attrs)
+        for row in fetched
+    ]

@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from alembic import command
 from app.store.db import create_engine, session_factory
 from app.store.migrate import alembic_config
-from app.store.models import RELAY_SLOTS, OutboxRow, slot_of
+from app.store.models import RELAY_SLOTS, OutboxRow, PendingRow, slot_of
 from app.store.repository import OutboxRepository
 from tests.conftest import HAVE_POSTGRES, PG_ADMIN_URL
 
@@ -121,7 +121,7 @@ async def test_pending_rows_get_their_groups_slot_and_each_shard_fetches_its_own
         {"name": i["name"], "columns": i["column_names"]} for i in indexes
     ]
 
-    fetched: list[OutboxRow] = []
+    fetched: list[PendingRow] = []
     async with sessions() as session:
         for shard in range(SHARDS):
             fetched += await OutboxRepository(session).pending(
@@ -162,7 +162,7 @@ async def test_a_row_without_a_slot_is_fetched_by_its_groups_shard_before_later_
     assert sum(r.relay_slot is None for r in rows) == len(GROUPS) * 3 * 2
     assert all(r.relay_slot == slot_of(r.group_id) for r in rows if r.relay_slot is not None)
 
-    by_shard: dict[int, list[OutboxRow]] = {}
+    by_shard: dict[int, list[PendingRow]] = {}
     async with sessions() as session:
         for shard in range(SHARDS):
             by_shard[shard] = list(
