@@ -1,7 +1,9 @@
 """One relay fetch against a large outbox: ``OutboxRepository.pending`` with 100 000 pending
 rows in 1 000 groups (10 000 events of 10 tool calls each), on PostgreSQL when reachable.
-Prints the query plan (EXPLAIN ANALYZE) and the time of one fetch, beside a same-run
-baseline: the 500 oldest pending rows by id alone, an index range scan that ignores groups.
+Prints the query plan (EXPLAIN ANALYZE) and the time and this process's CPU of one fetch,
+through a session and (on PostgreSQL) on the driver's connections as the relay runs it,
+beside a same-run baseline: the 500 oldest pending rows by id alone, an index range scan
+that ignores groups (loaded as ORM objects).
 
     python -m bench.outbox_fetch [--rows 100000] [--groups 1000] [--runs 20]
 """
@@ -22,9 +24,10 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.publish.relay import ROWS_PER_GROUP
 from app.store.db import create_engine, session_factory
+from app.store.driver import DriverPool
 from app.store.migrate import upgrade_head
 from app.store.models import EventRow, OutboxRow, OutboxStatus
-from app.store.repository import OutboxRepository
+from app.store.repository import OutboxRepository, pending_on_driver
 from bench.common import database
 
 FETCH_SIZE = 500
@@ -60,6 +63,7 @@ async def fill(sessions: async_sessionmaker[AsyncSession], *, rows: int, groups:
                 [
                     {
                         "event_id": f"evt_{n}",
+                        "source": "github",
                         "seq": seq,
                         "llm_call_id": f"llm_{n}",
                         "tool": "publishAlert",
@@ -80,15 +84,18 @@ async def fill(sessions: async_sessionmaker[AsyncSession], *, rows: int, groups:
         await session.commit()
 
 
-async def timed(runs: int, fetch: Callable[[], Awaitable[int]]) -> tuple[float, float, int]:
-    """Median and slowest of ``runs`` fetches, in ms, and the rows the last one returned."""
+async def timed(runs: int, fetch: Callable[[], Awaitable[int]]) -> tuple[float, float, float, int]:
+    """Median and slowest of ``runs`` fetches, in ms, the median of this process's CPU per
+    fetch, in ms, and the rows the last one returned."""
     took: list[float] = []
+    cpu: list[float] = []
     count = 0
     for _ in range(runs):
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         count = await fetch()
         took.append((time.perf_counter() - started) * 1000)
-    return statistics.median(took), max(took), count
+        cpu.append((time.process_time() - cpu_started) * 1000)
+    return statistics.median(took), max(took), statistics.median(cpu), count
 
 
 async def measure(url: str, *, rows: int, groups: int, runs: int) -> None:
@@ -102,6 +109,19 @@ async def measure(url: str, *, rows: int, groups: int, runs: int) -> None:
             found = await OutboxRepository(session).pending(
                 limit=FETCH_SIZE, per_group=ROWS_PER_GROUP, skip_groups=skip
             )
+        return len(found)
+
+    driver = (
+        await DriverPool.open(engine.url, engine.dialect, size=1)
+        if engine.dialect.name == "postgresql"
+        else None
+    )
+
+    async def on_driver(skip: list[str]) -> int:
+        assert driver is not None
+        found = await pending_on_driver(
+            driver, limit=FETCH_SIZE, per_group=ROWS_PER_GROUP, skip_groups=skip
+        )
         return len(found)
 
     async def oldest() -> int:
@@ -140,13 +160,24 @@ async def measure(url: str, *, rows: int, groups: int, runs: int) -> None:
         f"\n{rows} pending rows in {groups} groups, fetch size {FETCH_SIZE}, "
         f"{ROWS_PER_GROUP} rows per group, {runs} runs each:"
     )
-    for name, fetch in (
+    fetches: list[tuple[str, Callable[[], Awaitable[int]]]] = [
         ("per-group heads, nothing in backoff", lambda: grouped([])),
         (f"per-group heads, {len(backoff)} groups in backoff", lambda: grouped(backoff)),
-        ("baseline: the 500 oldest rows by id", oldest),
-    ):
-        median, slowest, count = await timed(runs, fetch)
-        print(f"  {name:<45} median {median:7.1f} ms   max {slowest:7.1f} ms   rows {count}")
+    ]
+    if driver is not None:  # what the relay runs on PostgreSQL
+        fetches += [
+            ("on the driver, nothing in backoff", lambda: on_driver([])),
+            (f"on the driver, {len(backoff)} groups in backoff", lambda: on_driver(backoff)),
+        ]
+    fetches.append(("baseline: the 500 oldest rows by id", oldest))
+    for name, fetch in fetches:
+        median, slowest, cpu, count = await timed(runs, fetch)
+        print(
+            f"  {name:<45} median {median:7.1f} ms   max {slowest:7.1f} ms   "
+            f"CPU {cpu:6.2f} ms   rows {count}"
+        )
+    if driver is not None:
+        await driver.close()
     await engine.dispose()
 
 
