@@ -258,9 +258,9 @@ async def _build_worker(shared: Shared, stack: AsyncExitStack) -> WorkerParts:
 
 
 async def _driver_pool(shared: Shared, stack: AsyncExitStack) -> DriverPool | None:
-    """On PostgreSQL, the pool the worker's per-event statements and the relay's round
-    writes run on (``driver.py``), sized like the engine's; its connections are opened as
-    they are needed."""
+    """On PostgreSQL, the pool the worker's per-event statements and the relay's fetch and
+    write each round run on (``driver.py``), sized like the engine's; its connections are
+    opened as they are needed."""
     engine = shared.engine
     if engine.dialect.name != "postgresql":
         return None

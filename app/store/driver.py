@@ -1,10 +1,11 @@
-"""The worker's per-event statements on PostgreSQL, run straight on an asyncpg pool.
+"""The gateway's most frequent statements on PostgreSQL, run straight on asyncpg connections.
 
 Through SQLAlchemy's asyncio layer the upsert that starts an event cost about 240 µs of
 gateway CPU here and the decision about 320 µs (a pool checkout with its events and greenlet
 hops, the compiled-cache lookup, bind and result processing around a greenlet switch); the
 same SQL on an asyncpg pool about 80 and 160 µs (``bench.statement_cost``). The worker runs
-these two for every event, so they go this way; everything else keeps SQLAlchemy.
+these two for every event, so they go this way, as do the audit rows written before Claude
+calls and the relay's fetch and write each round; everything else keeps SQLAlchemy.
 
 What does not change: the SQL (each ``DriverStatement`` is compiled once from the same Core
 statement, for the engine's dialect), its parameters (each passes through its type's bind
