@@ -6,17 +6,31 @@ commands).
 it returns redis-py's cluster client, which follows the slots to their nodes; otherwise a
 plain client. The cluster client is typed as ``Redis``: it has the same commands, and the
 gateway's calls each stay within one hash slot (``EventQueue.cluster``).
+
+A plain client's connections keep a task's cancellation (``KeepsCancels``): redis-py bounds
+each write with ``asyncio.wait_for``, which on Python 3.11 drops a cancel that arrives as the
+write completes, so a stopping loop went on and a deadline around a command did not fire.
+redis-py's cluster client offers no seam for its connection class: its connections still can.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+from collections.abc import Iterable
 from typing import cast
 
 import redis
 import structlog
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.connection import (
+    AbstractConnection,
+    Connection,
+    ConnectionPool,
+    SSLConnection,
+    UnixDomainSocketConnection,
+)
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.driver_info import DriverInfo
@@ -50,13 +64,55 @@ _OPTIONS = {
 }
 
 
+class KeepsCancels(AbstractConnection):
+    """A connection whose writes never swallow a cancel of the task writing.
+
+    ``AbstractConnection.send_packed_command`` runs the write under ``asyncio.wait_for``
+    (with a ``socket_timeout``). On Python 3.11, a cancel that reaches ``wait_for`` once the
+    write is done is dropped, and the write returns as if nothing happened: the task's
+    cancel count still says it was asked to stop. Such a cancel is raised here instead, once
+    the connection is closed (the command is on the wire, its reply will not be read)."""
+
+    async def send_packed_command(
+        self, command: bytes | str | Iterable[bytes], check_health: bool = True
+    ) -> None:
+        task = asyncio.current_task()
+        asked = task.cancelling() if task is not None else 0
+        await super().send_packed_command(command, check_health)
+        if task is not None and task.cancelling() > asked:
+            await self.disconnect(nowait=True)
+            raise asyncio.CancelledError
+
+
+class _TcpKeepsCancels(KeepsCancels, Connection):
+    pass
+
+
+class _SslKeepsCancels(KeepsCancels, SSLConnection):
+    pass
+
+
+class _UnixKeepsCancels(KeepsCancels, UnixDomainSocketConnection):
+    pass
+
+
+_KEEPING_CANCELS: dict[type[AbstractConnection], type[AbstractConnection]] = {
+    Connection: _TcpKeepsCancels,
+    SSLConnection: _SslKeepsCancels,
+    UnixDomainSocketConnection: _UnixKeepsCancels,
+}
+
+
 def connect_redis(url: str) -> Redis:
-    """A plain client of ``url`` (one Redis), or fakeredis for ``memory://``."""
+    """A plain client of ``url`` (one Redis), or fakeredis for ``memory://``; its
+    connections keep cancels (``KeepsCancels``), whatever the URL's scheme."""
     if url.startswith("memory://"):
         from fakeredis import FakeAsyncRedis, FakeServer
 
         return FakeAsyncRedis(server=FakeServer(), decode_responses=False)
-    return Redis.from_url(url, **_OPTIONS)  # type: ignore[arg-type]
+    pool = ConnectionPool.from_url(url, **_OPTIONS)
+    pool.connection_class = _KEEPING_CANCELS[pool.connection_class]
+    return Redis.from_pool(pool)
 
 
 def connect_cluster(url: str) -> Redis:
