@@ -156,8 +156,13 @@ class BatchLane:
             await self.sleep(self.round_seconds + self._backoff)
 
     async def round(self) -> None:
-        """Send what is due, read what ended, decide what may be decided."""
+        """Send what is due, read what ended, decide what may be decided: nothing, after one
+        probe, while every request is done (most rounds, and all of them in a deployment
+        without a ``mode: batch`` pipeline)."""
         async with self.sessions() as session:
+            if not await batches.any_unfinished(session):
+                self._forget()
+                return
             released = await batches.release_stale_claims(
                 session, before=self.clock() - self.claim_timeout
             )
@@ -174,6 +179,12 @@ class BatchLane:
             await self._send(name)
         await self._read()
         await self._decide()
+
+    def _forget(self) -> None:
+        """What is kept in memory about batches and requests: none is unfinished any more."""
+        self._next_poll.clear()
+        self._unreadable_since.clear()
+        self._alone.clear()
 
     def _settings(self, name: str) -> BatchLaneConfig:
         if name not in self.pipelines:

@@ -174,6 +174,18 @@ async def give_back(
     await session.commit()
 
 
+UNFINISHED = (Status.PENDING, Status.SUBMITTING, Status.SUBMITTED, Status.ANSWERED)
+
+
+async def any_unfinished(session: AsyncSession) -> bool:
+    """Whether any request is not ``done``: one probe of the status index. Without one,
+    a round of the lane has nothing to release, send, read or decide."""
+    found = await session.scalar(
+        select(BatchRequestRow.id).where(BatchRequestRow.status.in_(UNFINISHED)).limit(1)
+    )
+    return found is not None
+
+
 async def release_stale_claims(session: AsyncSession, *, before: datetime) -> int:
     """Claims older than ``before`` (their process died before recording the batch) go back
     to ``pending``. Commits."""
