@@ -7,10 +7,9 @@ it returns redis-py's cluster client, which follows the slots to their nodes; ot
 plain client. The cluster client is typed as ``Redis``: it has the same commands, and the
 gateway's calls each stay within one hash slot (``EventQueue.cluster``).
 
-A plain client's connections keep a task's cancellation (``KeepsCancels``): redis-py bounds
-each write with ``asyncio.wait_for``, which on Python 3.11 drops a cancel that arrives as the
-write completes, so a stopping loop went on and a deadline around a command did not fire.
-redis-py's cluster client offers no seam for its connection class: its connections still can.
+Both clients' connections keep a task's cancellation (``KeepsCancels``): redis-py bounds each
+write with ``asyncio.wait_for``, which on Python 3.11 drops a cancel that arrives as the write
+completes or fails, so a stopping loop went on and a deadline around a command did not fire.
 """
 
 from __future__ import annotations
@@ -69,16 +68,26 @@ class KeepsCancels(AbstractConnection):
 
     ``AbstractConnection.send_packed_command`` runs the write under ``asyncio.wait_for``
     (with a ``socket_timeout``). On Python 3.11, a cancel that reaches ``wait_for`` once the
-    write is done is dropped, and the write returns as if nothing happened: the task's
-    cancel count still says it was asked to stop. Such a cancel is raised here instead, once
-    the connection is closed (the command is on the wire, its reply will not be read)."""
+    write is done is dropped, and the write returns as if nothing happened; one that arrives
+    as the write fails (the server reset the connection) is dropped for the write's error,
+    which redis-py then retries. Either way the task's cancel count still says it was asked to
+    stop. Such a cancel is raised here instead, once the connection is closed (the command
+    may be on the wire, its reply will not be read)."""
 
     async def send_packed_command(
         self, command: bytes | str | Iterable[bytes], check_health: bool = True
     ) -> None:
         task = asyncio.current_task()
         asked = task.cancelling() if task is not None else 0
-        await super().send_packed_command(command, check_health)
+        try:
+            await super().send_packed_command(command, check_health)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            if task is None or task.cancelling() <= asked:
+                raise
+            await self.disconnect(nowait=True)
+            raise asyncio.CancelledError from None
         if task is not None and task.cancelling() > asked:
             await self.disconnect(nowait=True)
             raise asyncio.CancelledError
@@ -116,12 +125,21 @@ def connect_redis(url: str) -> Redis:
 
 
 def connect_cluster(url: str) -> Redis:
-    """redis-py's cluster client, started from the node at ``url``."""
+    """redis-py's cluster client, started from the node at ``url``; its nodes' connections
+    keep cancels too."""
     client = RedisCluster.from_url(
         url,
         retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), _CLUSTER_RETRY_ATTEMPTS),
         **_OPTIONS,
     )
+    # The arguments every node is built with (``get_connection_kwargs`` gives the very dict
+    # the client keeps, nodes found later included); the startup nodes exist already.
+    kwargs = client.get_connection_kwargs()
+    given = cast(type[Connection], kwargs["connection_class"])
+    keeping = cast(type[Connection], _KEEPING_CANCELS[given])
+    kwargs["connection_class"] = keeping
+    for node in client.nodes_manager.startup_nodes.values():
+        node.connection_class = keeping
     return cast(Redis, client)
 
 
