@@ -5,6 +5,10 @@ A check answers ``"ok"`` or a description of what is wrong; a check that raises 
 longer than ``CHECK_SECONDS`` answers ``error: <ExceptionName>``. The process is ready when
 every *required* check answers ``ok``; the others are reported only (SNS: the outbox holds
 tool calls while it is down).
+
+The bound is ``asyncio.timeout``, not ``wait_for``: on Python 3.11 ``wait_for`` drops a cancel
+that arrives as the check ends (a readiness probe whose client went away, a stopping process),
+and the probe's task went on.
 """
 
 from __future__ import annotations
@@ -40,14 +44,16 @@ class Health:
         their last values)."""
         for hook in self.before_scrape:
             try:
-                await asyncio.wait_for(hook(), CHECK_SECONDS)
+                async with asyncio.timeout(CHECK_SECONDS):
+                    await hook()
             except Exception:  # noqa: BLE001, S112 - the scrape goes on with the old values
                 continue
 
 
 async def _answer(run: Check) -> str:
     try:
-        return await asyncio.wait_for(run(), CHECK_SECONDS)
+        async with asyncio.timeout(CHECK_SECONDS):
+            return await run()
     except Exception as exc:  # noqa: BLE001 - any failure means "not ready", with its name
         return f"error: {type(exc).__name__}"
 
