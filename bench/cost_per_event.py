@@ -5,7 +5,7 @@ draining while they go in), one after the other and in alternation, so the ratio
 rows of one hour on this shared machine. The gateway's figure includes its polling loops over
 the run; their idle rate is measured and shown apart.
 
-    python -m bench.cost_per_event [--events 1200] [--rounds 3]
+    python -m bench.cost_per_event [--events 1200] [--rounds 5]
 """
 
 from __future__ import annotations
@@ -36,6 +36,11 @@ from tests.support import SnsFixture
 
 CONCURRENCY = 64
 TARGET_MS = 2.0
+# The issue's figures: 3.9 ms against 1.2 ms for the minimal pipeline, to be brought to 2 ms.
+# On this shared machine the minimal pipeline alone reads 1.1-2.0 ms from hour to hour, so
+# the target is checked as the ratio it implies, against the minimal pipeline of the same
+# round (its run is the one next to the gateway's in time).
+TARGET_RATIO = TARGET_MS / 1.2
 IDLE_SECONDS = 3.0
 
 
@@ -120,6 +125,8 @@ def measure(events: int, rounds: int) -> list[str]:
     gw = statistics.median(r.ms_per_event for r in gateway)
     mini = statistics.median(r.ms_per_event for r in minimal)
     idle = statistics.median(r.idle_ms_per_event for r in gateway)
+    ratios = [g.ms_per_event / m.ms_per_event for g, m in zip(gateway, minimal, strict=True)]
+    ratio = statistics.median(ratios)
     rows = [
         [
             n + 1,
@@ -132,7 +139,7 @@ def measure(events: int, rounds: int) -> list[str]:
         ]
         for n, (g, m) in enumerate(zip(gateway, minimal, strict=True))
     ]
-    verdict = "met" if gw <= TARGET_MS else "NOT met"
+    verdict = "met" if ratio <= TARGET_RATIO else "NOT met"
     return [
         f"{events} signed GitHub webhooks over {events // 6} keys per run, fake Claude with "
         f"zero latency, moto for SNS with an SQS FIFO subscriber draining; `eventgate serve` "
@@ -155,15 +162,18 @@ def measure(events: int, rounds: int) -> list[str]:
         ),
         "",
         f"- median: gateway **{gw:.2f} ms** per event (polling loops {idle:.2f} ms of it), "
-        f"minimal pipeline **{mini:.2f} ms**, ratio **{gw / mini:.2f}**; target ≤ "
-        f"{TARGET_MS:.1f} ms: {verdict}",
+        f"minimal pipeline **{mini:.2f} ms**; median of the rounds' ratios **{ratio:.2f}** "
+        f"(range {min(ratios):.2f}-{max(ratios):.2f})",
+        f"- target: {TARGET_MS:.1f} ms where the minimal pipeline took 1.2 ms, so a ratio ≤ "
+        f"{TARGET_RATIO:.2f}: {verdict} (the gateway's median alone is "
+        f"{'within' if gw <= TARGET_MS else 'above'} {TARGET_MS:.1f} ms this run)",
     ]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="gateway CPU per event against bench.minimal")
     parser.add_argument("--events", type=int, default=1200)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     report(
         "Cost per event: eventgate serve against the minimal pipeline, same run",
