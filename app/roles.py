@@ -274,7 +274,8 @@ async def _driver_pool(shared: Shared, stack: AsyncExitStack) -> DriverPool | No
 async def _close_driver(driver: DriverPool) -> None:
     """As ``_dispose``: a database behind a silent network never answers the goodbyes."""
     try:
-        await asyncio.wait_for(driver.close(), DISPOSE_TIMEOUT_SECONDS)
+        async with asyncio.timeout(DISPOSE_TIMEOUT_SECONDS):
+            await driver.close()
     except TimeoutError:
         log.warning("database_driver_close_timed_out", seconds=DISPOSE_TIMEOUT_SECONDS)
         driver.terminate()
@@ -438,7 +439,8 @@ async def stop(running: Running) -> None:
     if processing is not None:
         grace = running.shared.settings.shutdown_grace_seconds + 5
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(processing.worker.shutdown(), grace)
+            async with asyncio.timeout(grace):
+                await processing.worker.shutdown()
         if processing.shadow is not None:
             await processing.shadow.close(running.shared.settings.shutdown_grace_seconds)
     await running.shared.supervisor.stop_all()
@@ -511,7 +513,8 @@ async def _dispose(engine: AsyncEngine) -> None:
     which a database behind a silent network (packets dropped) never sends. The process is
     exiting; the operating system closes what is left."""
     try:
-        await asyncio.wait_for(engine.dispose(), DISPOSE_TIMEOUT_SECONDS)
+        async with asyncio.timeout(DISPOSE_TIMEOUT_SECONDS):
+            await engine.dispose()
     except TimeoutError:
         log.warning("database_close_timed_out", seconds=DISPOSE_TIMEOUT_SECONDS)
 
@@ -532,7 +535,8 @@ async def _topics(publisher: SnsPublisher, topics: list[str]) -> str:
     bad = []
     for arn in topics:
         try:
-            await asyncio.wait_for(publisher.check(arn), 2.0)
+            async with asyncio.timeout(2.0):
+                await publisher.check(arn)
         except Exception as exc:  # noqa: BLE001 - reported with its name
             bad.append(f"{arn}: error: {type(exc).__name__}")
     return "ok" if not bad else "; ".join(bad)

@@ -174,7 +174,8 @@ class HealthGlance:
 
 async def _read(glance: Glance, name: str, reading: Awaitable[T]) -> T | None:
     try:
-        return await asyncio.wait_for(reading, READ_SECONDS)
+        async with asyncio.timeout(READ_SECONDS):
+            return await reading
     except Exception as exc:  # noqa: BLE001 - shown on the page by its name
         glance.unavailable[name] = type(exc).__name__
         return None

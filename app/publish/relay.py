@@ -100,7 +100,8 @@ class OutboxRelay:
         try:
             while task is None or not task.cancelling():
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self.poll_seconds)
+                    async with asyncio.timeout(self.poll_seconds):
+                        await self._wake.wait()
                 self._wake.clear()
                 try:
                     while await self.publish_pending():

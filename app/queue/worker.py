@@ -121,7 +121,8 @@ class QueueWorker:
         # The keeper goes on renewing (without taking new partitions) while in-flight events
         # finish, so their acks are not fenced off by an expired lease.
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.dispatcher.wait_idle(), self.grace_seconds)
+            async with asyncio.timeout(self.grace_seconds):
+                await self.dispatcher.wait_idle()
         if self._keeper is not None:
             await self._keeper.stop()
         await self.dispatcher.stop()
